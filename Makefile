@@ -1,0 +1,32 @@
+# Every target that needs the project creates .venv when missing and installs
+# the project with its test extras; a stamp file makes re-runs instant.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/skan-broker $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check broker wire clients tests bench
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m bench.run $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check broker wire clients tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Skan broker: routing core (pure) and the trio I/O layer around it."""

@@ -1,0 +1,1 @@
+"""Trio client libraries and command-line tools for the Skan broker."""

@@ -1,0 +1,1 @@
+"""Sans-IO protocol codecs and state machines (no trio imports)."""

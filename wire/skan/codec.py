@@ -1,0 +1,322 @@
+"""Skan wire codec: encoder, strict decoder and routing-header decoder.
+
+Sans-IO: bytes in, Python values out.  A message is the 4-byte magic
+``Skan`` followed by the body of the top-level HASH (which has no TyLen of its
+own).  Values: dict <-> HASH, list <-> LIST, None <-> NULL, bytes/str <-> DATA,
+int <-> DATA holding the decimal string.  The decoder returns DATA as bytes
+and tags as bytes, because the wire cannot tell strings from blobs.
+
+Decoders accept longer-than-needed length codes; encoders always use the
+smallest.  Everything else that is not exactly as the format says is refused
+with :class:`SkanError`, whose message says what is wrong and at which byte
+offset of the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAGIC = b"Skan"
+
+DATA = 0x01
+HASH = 0x02
+LIST = 0x03
+NULL = 0x04
+TYPE_MASK = 0x0F
+
+LENGTH_32 = 0x00
+LENGTH_16 = 0x10
+LENGTH_8 = 0x20
+LENGTH_MASK = 0xF0
+
+# Nesting deeper than this is refused: the validator and the full decoder
+# recurse once per level, and an attacker-chosen depth must not exhaust the
+# Python stack.  Real messages nest a handful of levels.
+MAX_DEPTH = 100
+
+_TYPE_NAMES = {DATA: "DATA", HASH: "HASH", LIST: "LIST", NULL: "NULL"}
+
+
+class SkanError(ValueError):
+    """The bytes are not a well-formed Skan message (or a value cannot be encoded)."""
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+
+def _prefix(type_: int, n: int) -> bytes:
+    if n <= 0xFF:
+        return bytes((type_ | LENGTH_8, n))
+    if n <= 0xFFFF:
+        return bytes((type_ | LENGTH_16, n >> 8, n & 0xFF))
+    if n <= 0xFFFFFFFF:
+        return bytes((type_ | LENGTH_32,)) + n.to_bytes(4, "big")
+    raise SkanError(f"item of {n} bytes is too long for a 32-bit length")
+
+
+def _tag(key: Any) -> bytes:
+    tag = key.encode() if isinstance(key, str) else bytes(key)
+    if not 0 < len(tag) <= 255:
+        raise SkanError(f"tag {key!r} must be 1 to 255 bytes long, not {len(tag)}")
+    return tag
+
+
+def _encode_hash_body(value: dict, out: list[bytes]) -> None:
+    for key, item in value.items():
+        tag = _tag(key)
+        out.append(bytes((len(tag),)))
+        out.append(tag)
+        _encode_item(item, out)
+
+
+def _encode_item(value: Any, out: list[bytes]) -> None:
+    if value is None:
+        out.append(b"\x04")
+        return
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        out.append(_prefix(DATA, len(data)))
+        out.append(data)
+        return
+    if isinstance(value, str):
+        data = value.encode()
+        out.append(_prefix(DATA, len(data)))
+        out.append(data)
+        return
+    if isinstance(value, bool):
+        raise SkanError("bool is not a Skan type (send 'true'/'false' or 1/0 explicitly)")
+    if isinstance(value, int):
+        data = str(value).encode()
+        out.append(_prefix(DATA, len(data)))
+        out.append(data)
+        return
+    if isinstance(value, dict):
+        inner: list[bytes] = []
+        _encode_hash_body(value, inner)
+        body = b"".join(inner)
+        out.append(_prefix(HASH, len(body)))
+        out.append(body)
+        return
+    if isinstance(value, list | tuple):
+        inner = []
+        for item in value:
+            _encode_item(item, inner)
+        body = b"".join(inner)
+        out.append(_prefix(LIST, len(body)))
+        out.append(body)
+        return
+    raise SkanError(f"cannot encode {type(value).__name__} as a Skan item")
+
+
+def encode(message: dict) -> bytes:
+    """Encode a top-level hash as a message (magic included, no length prefix)."""
+    if not isinstance(message, dict):
+        raise SkanError("a Skan message is a hash (dict)")
+    out = [MAGIC]
+    _encode_hash_body(message, out)
+    return b"".join(out)
+
+
+def encode_item(value: Any) -> bytes:
+    """Encode one item (TyLen, length, data) — e.g. a ``msg`` value on its own."""
+    out: list[bytes] = []
+    _encode_item(value, out)
+    return b"".join(out)
+
+
+def frame(message: bytes) -> bytes:
+    """Prefix an encoded message with its 4-byte big-endian length."""
+    return len(message).to_bytes(4, "big") + message
+
+
+def encode_frame(message: dict) -> bytes:
+    return frame(encode(message))
+
+
+# --------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------
+
+
+def _item_header(buf: bytes, pos: int, end: int, base: int) -> tuple[int, int, int]:
+    """Read TyLen (+ length) at ``pos``; return (type, data_start, data_end)."""
+    if pos >= end:
+        raise SkanError(f"item missing at offset {pos - base}")
+    tylen = buf[pos]
+    type_ = tylen & TYPE_MASK
+    code = tylen & LENGTH_MASK
+    if type_ not in _TYPE_NAMES:
+        raise SkanError(f"unknown item type 0x{type_:02x} at offset {pos - base}")
+    if code not in (LENGTH_8, LENGTH_16, LENGTH_32):
+        raise SkanError(f"invalid length code 0x{code:02x} at offset {pos - base}")
+    if type_ == NULL:
+        # NULL has no length field, whatever length code the TyLen carries.
+        return NULL, pos + 1, pos + 1
+    if code == LENGTH_8:
+        if pos + 2 > end:
+            raise SkanError(f"8-bit length truncated at offset {pos - base}")
+        n = buf[pos + 1]
+        start = pos + 2
+    elif code == LENGTH_16:
+        if pos + 3 > end:
+            raise SkanError(f"16-bit length truncated at offset {pos - base}")
+        n = (buf[pos + 1] << 8) | buf[pos + 2]
+        start = pos + 3
+    else:
+        if pos + 5 > end:
+            raise SkanError(f"32-bit length truncated at offset {pos - base}")
+        n = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+        start = pos + 5
+    stop = start + n
+    if stop > end:
+        raise SkanError(
+            f"{_TYPE_NAMES[type_]} of {n} bytes at offset {pos - base} overruns its container "
+            f"by {stop - end} bytes"
+        )
+    return type_, start, stop
+
+
+def _validate(buf: bytes, type_: int, start: int, stop: int, base: int, depth: int) -> None:
+    """Check a HASH or LIST body without building Python objects."""
+    if depth > MAX_DEPTH:
+        raise SkanError(f"nesting deeper than {MAX_DEPTH} levels at offset {start - base}")
+    pos = start
+    if type_ == LIST:
+        while pos < stop:
+            t, s, e = _item_header(buf, pos, stop, base)
+            if t in (HASH, LIST):
+                _validate(buf, t, s, e, base, depth + 1)
+            pos = e
+        return
+    seen: set[bytes] = set()
+    while pos < stop:
+        taglen = buf[pos]
+        if taglen == 0:
+            raise SkanError(f"zero tag length at offset {pos - base}")
+        tag_end = pos + 1 + taglen
+        if tag_end > stop:
+            raise SkanError(f"tag of {taglen} bytes at offset {pos - base} overruns its hash")
+        tag = buf[pos + 1 : tag_end]
+        if tag in seen:
+            raise SkanError(f"duplicate tag {tag!r} at offset {pos - base}")
+        seen.add(tag)
+        t, s, e = _item_header(buf, tag_end, stop, base)
+        if t in (HASH, LIST):
+            _validate(buf, t, s, e, base, depth + 1)
+        pos = e
+
+
+def _materialise(buf: bytes, type_: int, start: int, stop: int) -> Any:
+    """Build Python values for an already-validated item body."""
+    if type_ == DATA:
+        return buf[start:stop]
+    if type_ == NULL:
+        return None
+    pos = start
+    if type_ == LIST:
+        items = []
+        while pos < stop:
+            t, s, e = _item_header(buf, pos, stop, 0)
+            items.append(_materialise(buf, t, s, e))
+            pos = e
+        return items
+    result = {}
+    while pos < stop:
+        taglen = buf[pos]
+        tag_end = pos + 1 + taglen
+        t, s, e = _item_header(buf, tag_end, stop, 0)
+        result[buf[pos + 1 : tag_end]] = _materialise(buf, t, s, e)
+        pos = e
+    return result
+
+
+def _check_magic(buf: bytes, start: int, end: int) -> None:
+    if end - start < 4:
+        raise SkanError(f"message of {end - start} bytes is shorter than the 4-byte magic")
+    if buf[start : start + 4] != MAGIC:
+        raise SkanError(f"bad magic {bytes(buf[start:start + 4])!r} (expected b'Skan')")
+
+
+def decode(message: bytes) -> dict[bytes, Any]:
+    """Strictly decode a whole message (magic included, no length prefix)."""
+    buf = bytes(message)
+    _check_magic(buf, 0, len(buf))
+    _validate(buf, HASH, 4, len(buf), 0, 0)
+    return _materialise(buf, HASH, 4, len(buf))
+
+
+class Nested:
+    """A HASH or LIST value in a routing header, validated but not materialised."""
+
+    __slots__ = ("start", "stop", "type")
+
+    def __init__(self, type_: int, start: int, stop: int) -> None:
+        self.type = type_
+        self.start = start
+        self.stop = stop
+
+    def __repr__(self) -> str:
+        return f"Nested({_TYPE_NAMES[self.type]}, {self.start}, {self.stop})"
+
+
+def decode_header(buf: bytes, start: int = 0, end: int | None = None) -> dict[bytes, Any]:
+    """Decode the top-level hash of the message in ``buf[start:end]``.
+
+    DATA values come back as bytes and NULL as None; HASH and LIST values are
+    fully validated but returned as :class:`Nested` markers holding their
+    position, so an opaque ``msg`` costs no Python objects.  Offsets are
+    relative to ``buf`` so callers can slice out the raw bytes.  This is the
+    router's hot path: it is written out flat on purpose.
+    """
+    if end is None:
+        end = len(buf)
+    if end - start < 4 or buf[start : start + 4] != MAGIC:
+        _check_magic(buf, start, end)
+    header: dict[bytes, Any] = {}
+    pos = start + 4
+    while pos < end:
+        taglen = buf[pos]
+        tag_end = pos + 1 + taglen
+        if taglen == 0 or tag_end > end:
+            if taglen == 0:
+                raise SkanError(f"zero tag length at offset {pos - start}")
+            raise SkanError(f"tag of {taglen} bytes at offset {pos - start} overruns the message")
+        tag = buf[pos + 1 : tag_end]
+        if tag_end >= end:
+            raise SkanError(f"tag {tag!r} at offset {pos - start} has no item")
+        tylen = buf[tag_end]
+        if tylen == 0x21:  # DATA, 8-bit length: by far the most common case
+            s = tag_end + 2
+            if s > end:
+                raise SkanError(f"8-bit length truncated at offset {tag_end - start}")
+            e = s + buf[tag_end + 1]
+            if e > end:
+                raise SkanError(
+                    f"DATA of {e - s} bytes at offset {tag_end - start} overruns its container "
+                    f"by {e - end} bytes"
+                )
+            value: Any = buf[s:e]
+        else:
+            t, s, e = _item_header(buf, tag_end, end, start)
+            if t == DATA:
+                value = buf[s:e]
+            elif t == NULL:
+                value = None
+            else:
+                _validate(buf, t, s, e, start, 1)
+                value = Nested(t, s, e)
+        if tag in header:
+            raise SkanError(f"duplicate tag {tag!r} at offset {pos - start}")
+        header[tag] = value
+        pos = e
+    return header
+
+
+def item_bytes(buf: bytes, header: dict[bytes, Any], tag: bytes) -> Any:
+    """Materialise one header value (e.g. ``msg``) into Python values on demand."""
+    value = header.get(tag)
+    if isinstance(value, Nested):
+        return _materialise(buf, value.type, value.start, value.stop)
+    return value
