@@ -1,0 +1,415 @@
+"""The routing core: endpoints, the subscription index and the send rules.
+
+Pure and synchronous: no trio, no I/O.  Every connection of every protocol
+(and every bridge) is an :class:`Endpoint` with an lname.  Adapters decode
+their protocol, turn it into a Skan frame plus decoded routing header, and
+call :meth:`Router.route`; the router picks the recipients and calls
+``endpoint.deliver(frame, routed)`` on each, which must never block (it
+queues, or applies the slow-consumer policy).
+
+Recipient sets are cached per (group, instance, to, is-reply) and the whole
+cache is dropped on any subscription or connection change, so steady-state
+routing is one dict lookup plus one ``deliver`` per recipient.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+NORMAL = 0
+MEONLY = 1
+PROMISC = 2
+SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
+SUBTYPE_NAMES = {v: k.decode() for k, v in SUBTYPES.items()}
+
+STAR = b"*"
+
+PROTOCOLS = ("skan", "hsp", "eventer", "mariner", "bridge-hsp", "bridge-eventer", "bridge-mariner")
+
+# Recipient-set cache bound: directed traffic to many distinct lnames (or
+# many distinct instances) would otherwise grow the cache without limit.
+# When full it is simply cleared; rebuilding an entry is one index walk.
+CACHE_LIMIT = 65_536
+
+
+class Endpoint:
+    """A routing endpoint: one connection of any protocol, or one bridge.
+
+    Subclasses implement :meth:`deliver` (queue the frame or apply the
+    slow-consumer policy) and :meth:`flush` (end of a routing batch, for
+    adapters that group deliveries, like Eventer's EventsNotify).  The
+    counters are plain ints, read by ``stats`` and the metrics collector.
+    """
+
+    protocol: str = "skan"
+    # True for endpoints that buffer deliveries until the batch ends.
+    batched: bool = False
+
+    def __init__(self) -> None:
+        self.lname: bytes = b""
+        self.msgs_in = 0
+        self.bytes_in = 0
+        self.msgs_out = 0
+        self.bytes_out = 0
+        self.dropped = 0
+        self.closed = False
+
+    def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Called once at the end of a routing batch in which ``deliver`` was called."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.lname.decode(errors='replace')}>"
+
+
+@attrs.define(slots=True, eq=False)
+class Routed:
+    """One routed message, as every protocol, the retention store and the log see it.
+
+    ``frame`` is the complete Skan frame (4-byte length prefix included), the
+    bytes forwarded to Skan recipients.  ``header`` is its decoded top-level
+    hash with ``msg`` left opaque (see :func:`wire.skan.decode_header`;
+    offsets in it are relative to ``frame``).  ``session``/``instance`` form
+    the Hat EventId together with the server id.
+    """
+
+    frame: bytes
+    header: dict[bytes, Any]
+    sender: Endpoint
+    recipients: tuple[Endpoint, ...]
+    delivered: int
+    session: int
+    instance: int
+    timestamp: float
+
+
+@attrs.define
+class Counters:
+    """Broker-wide counters.  Plain ints: they are on the per-message path."""
+
+    msgs_in: int = 0
+    bytes_in: int = 0
+    msgs_out: int = 0
+    bytes_out: int = 0
+    undeliverable: int = 0
+    dropped: int = 0
+    slow_consumer_disconnects: int = 0
+    protocol_errors: int = 0
+    accepted: dict[str, int] = attrs.Factory(dict)
+    closed: dict[str, int] = attrs.Factory(dict)
+    # Totals of endpoints that have gone, so per-protocol sums survive disconnects.
+    gone_in: dict[str, list[int]] = attrs.Factory(dict)
+    gone_out: dict[str, list[int]] = attrs.Factory(dict)
+
+
+def event_type(group: bytes, instance: bytes) -> tuple[bytes, ...]:
+    """Skan (group, instance) -> Hat event type: ``(G, *I.split("/"))``; "*" -> ``(G,)``."""
+    if instance == STAR:
+        return (group,)
+    return (group, *instance.split(b"/"))
+
+
+def matches(pattern: tuple[bytes, ...], etype: tuple[bytes, ...]) -> bool:
+    """Hat event-type pattern match: ``*`` (last) matches any rest, ``?`` one segment."""
+    n = len(etype)
+    for i, seg in enumerate(pattern):
+        if seg == STAR:
+            return True
+        if i >= n:
+            return False
+        if seg != b"?" and seg != etype[i]:
+            return False
+    return len(pattern) == n
+
+
+class _LnameFactory:
+    """lnames in the historical msgq format ``%x_%x@%s``: hex time, hex counter, host."""
+
+    def __init__(self, host: str | None = None) -> None:
+        self._host = host or socket.gethostname() or "localhost"
+        self._counter = 0
+
+    def __call__(self) -> bytes:
+        self._counter += 1
+        return f"{int(time.time()):x}_{self._counter:x}@{self._host}".encode()
+
+
+class Router:
+    """Subscription index plus the send rules of BROKER-SPEC section 1."""
+
+    def __init__(self, *, hostname: str | None = None, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self.started = clock()
+        self.counters = Counters()
+        self._new_lname = _LnameFactory(hostname)
+        self.endpoints: dict[bytes, Endpoint] = {}
+        # group -> instance -> {endpoint: subtype}
+        self._subs: dict[bytes, dict[bytes, dict[Endpoint, int]]] = {}
+        # endpoint -> {(group, instance)} for removal on disconnect
+        self._owned: dict[Endpoint, set[tuple[bytes, bytes]]] = {}
+        # endpoint -> {pattern: subtype}; Hat event-type patterns (Eventer, Mariner, bridges)
+        self._patterns: dict[Endpoint, dict[tuple[bytes, ...], int]] = {}
+        self.subscription_count = 0
+        self._cache: dict[tuple[bytes, bytes, bytes, bool], tuple[Endpoint, ...]] = {}
+        self.generation = 0
+        # Sessions must increase strictly across restarts: start from the
+        # clock in microseconds (a broker opens far fewer than 10^6 batches/s).
+        self.session = int(clock() * 1_000_000)
+        self._instance = 0
+        self._in_batch = False
+        self._dirty: list[Endpoint] = []
+        # Called with every Routed message, delivered or not (retention, log).
+        self.observers: list[Callable[[Routed], None]] = []
+        # Called with each endpoint on detach (adapters, metrics).
+        self.on_detach: list[Callable[[Endpoint], None]] = []
+
+    # ---- endpoints -------------------------------------------------------
+
+    def attach(self, endpoint: Endpoint) -> bytes:
+        """Register a new connection; gives it its lname (unique, never reused)."""
+        lname = self._new_lname()
+        endpoint.lname = lname
+        self.endpoints[lname] = endpoint
+        acc = self.counters.accepted
+        acc[endpoint.protocol] = acc.get(endpoint.protocol, 0) + 1
+        return lname
+
+    def detach(self, endpoint: Endpoint, reason: str = "closed") -> None:
+        """Remove a connection and every subscription it holds.  Idempotent."""
+        if self.endpoints.get(endpoint.lname) is not endpoint:
+            return
+        endpoint.closed = True
+        del self.endpoints[endpoint.lname]
+        for group, instance in self._owned.pop(endpoint, ()):
+            self._remove(endpoint, group, instance)
+        pats = self._patterns.pop(endpoint, None)
+        if pats:
+            self.subscription_count -= len(pats)
+        self._changed()
+        c = self.counters
+        key = f"{endpoint.protocol}:{reason}"
+        c.closed[key] = c.closed.get(key, 0) + 1
+        gin = c.gone_in.setdefault(endpoint.protocol, [0, 0])
+        gin[0] += endpoint.msgs_in
+        gin[1] += endpoint.bytes_in
+        gout = c.gone_out.setdefault(endpoint.protocol, [0, 0, 0])
+        gout[0] += endpoint.msgs_out
+        gout[1] += endpoint.bytes_out
+        gout[2] += endpoint.dropped
+        for callback in self.on_detach:
+            callback(endpoint)
+
+    # ---- subscriptions ---------------------------------------------------
+
+    def _changed(self) -> None:
+        self.generation += 1
+        self._cache.clear()
+
+    def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> None:
+        """Keyed (group, instance, endpoint): re-subscribing replaces the subtype."""
+        inst_map = self._subs.setdefault(group, {}).setdefault(instance, {})
+        if endpoint not in inst_map:
+            self.subscription_count += 1
+            self._owned.setdefault(endpoint, set()).add((group, instance))
+        inst_map[endpoint] = subtype
+        self._changed()
+
+    def _remove(self, endpoint: Endpoint, group: bytes, instance: bytes) -> bool:
+        gmap = self._subs.get(group)
+        if gmap is None:
+            return False
+        inst_map = gmap.get(instance)
+        if inst_map is None or endpoint not in inst_map:
+            return False
+        del inst_map[endpoint]
+        self.subscription_count -= 1
+        if not inst_map:
+            del gmap[instance]
+            if not gmap:
+                del self._subs[group]
+        return True
+
+    def unsubscribe(self, endpoint: Endpoint, group: bytes, instance: bytes) -> None:
+        """No-op when the subscription does not exist."""
+        if self._remove(endpoint, group, instance):
+            self._owned[endpoint].discard((group, instance))
+            self._changed()
+
+    def subscribe_pattern(
+        self, endpoint: Endpoint, pattern: Iterable[bytes], subtype: int = NORMAL
+    ) -> None:
+        """Subscribe to every message whose event type matches a Hat pattern."""
+        pats = self._patterns.setdefault(endpoint, {})
+        pattern = tuple(pattern)
+        if pattern not in pats:
+            self.subscription_count += 1
+        pats[pattern] = subtype
+        self._changed()
+
+    def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
+        pats = self._patterns.get(endpoint)
+        if pats and pats.pop(tuple(pattern), None) is not None:
+            self.subscription_count -= 1
+            self._changed()
+
+    @property
+    def group_count(self) -> int:
+        return len(self._subs)
+
+    def groups(self) -> list[bytes]:
+        return list(self._subs)
+
+    # ---- routing ---------------------------------------------------------
+
+    def _recipients(
+        self, group: bytes, instance: bytes, to: bytes, reply: bool
+    ) -> tuple[Endpoint, ...]:
+        out: dict[Endpoint, None] = {}
+        gmap = self._subs.get(group, {})
+        if instance == STAR:
+            inst_maps = list(gmap.values())
+        else:
+            inst_maps = [m for m in (gmap.get(instance), gmap.get(STAR)) if m]
+        if to == STAR:
+            for inst_map in inst_maps:
+                for ep, st in inst_map.items():
+                    if st != MEONLY:
+                        out[ep] = None
+        else:
+            target = self.endpoints.get(to)
+            if target is not None and (
+                reply or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
+            ):
+                out[target] = None
+            for inst_map in inst_maps:
+                for ep, st in inst_map.items():
+                    if st == PROMISC:
+                        out[ep] = None
+        if self._patterns:
+            etype = event_type(group, instance)
+            for ep, pats in self._patterns.items():
+                for pat, st in pats.items():
+                    if not matches(pat, etype):
+                        continue
+                    if st == PROMISC or (st == NORMAL and to == STAR) or to == ep.lname:
+                        out[ep] = None
+        return tuple(out)
+
+    def recipients(
+        self, group: bytes, instance: bytes, to: bytes, reply: bool
+    ) -> tuple[Endpoint, ...]:
+        """The cached recipient set (the sender is excluded at delivery time)."""
+        key = (group, instance, to, reply)
+        recips = self._cache.get(key)
+        if recips is None:
+            recips = self._recipients(group, instance, to, reply)
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = recips
+        return recips
+
+    def route(self, sender: Endpoint, frame: bytes, header: dict[bytes, Any]) -> Routed:
+        """Route one validated ``send``: deliver to every recipient except the sender.
+
+        ``header`` must hold DATA values for group, instance and to (the
+        caller validated them).  Never blocks and never raises for a slow
+        recipient: ``deliver`` applies the policy.
+        """
+        reply = b"repl" in header or b"reply" in header
+        key = (header[b"group"], header[b"instance"], header[b"to"], reply)
+        recips = self._cache.get(key)
+        if recips is None:
+            recips = self.recipients(*key)
+        if not self._in_batch:
+            self._in_batch = True
+            self.session += 1
+            self._instance = 0
+        self._instance += 1
+        size = len(frame)
+        c = self.counters
+        c.msgs_in += 1
+        c.bytes_in += size
+        sender.msgs_in += 1
+        sender.bytes_in += size
+        routed = Routed(
+            frame, header, sender, recips, 0, self.session, self._instance, self.clock()
+        )
+        delivered = 0
+        for ep in recips:
+            if ep is not sender:
+                ep.deliver(frame, routed)
+                delivered += 1
+                if ep.batched:
+                    self._dirty.append(ep)
+        routed.delivered = delivered
+        if delivered:
+            c.msgs_out += delivered
+            c.bytes_out += delivered * size
+        else:
+            c.undeliverable += 1
+        for observer in self.observers:
+            observer(routed)
+        return routed
+
+    def end_batch(self) -> None:
+        """Close the current routing batch: flush batched endpoints, open a new session."""
+        self._in_batch = False
+        if self._dirty:
+            dirty, self._dirty = self._dirty, []
+            for ep in dict.fromkeys(dirty):
+                if not ep.closed:
+                    ep.flush()
+
+    # ---- stats -----------------------------------------------------------
+
+    def per_protocol(self) -> dict[str, dict[str, int]]:
+        """Live plus departed totals per protocol: connections, msgs/bytes in and out."""
+        c = self.counters
+        result: dict[str, dict[str, int]] = {}
+        for proto in sorted(set(c.accepted) | {ep.protocol for ep in self.endpoints.values()}):
+            gin = c.gone_in.get(proto, [0, 0])
+            gout = c.gone_out.get(proto, [0, 0, 0])
+            result[proto] = {
+                "connections": 0,
+                "accepted": c.accepted.get(proto, 0),
+                "msgs_in": gin[0],
+                "bytes_in": gin[1],
+                "msgs_out": gout[0],
+                "bytes_out": gout[1],
+                "dropped": gout[2],
+            }
+        for ep in self.endpoints.values():
+            r = result[ep.protocol]
+            r["connections"] += 1
+            r["msgs_in"] += ep.msgs_in
+            r["bytes_in"] += ep.bytes_in
+            r["msgs_out"] += ep.msgs_out
+            r["bytes_out"] += ep.bytes_out
+            r["dropped"] += ep.dropped
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """The body of the Skan ``stats`` reply (ints are sent as decimal strings)."""
+        c = self.counters
+        per = self.per_protocol()
+        return {
+            "uptime": int(self.clock() - self.started),
+            "connections": {p: v["connections"] for p, v in per.items()},
+            "messages_in": c.msgs_in,
+            "bytes_in": c.bytes_in,
+            "messages_out": c.msgs_out,
+            "bytes_out": c.bytes_out,
+            "undeliverable": c.undeliverable,
+            "dropped": c.dropped,
+            "slow_consumer_disconnects": c.slow_consumer_disconnects,
+            "protocol_errors": c.protocol_errors,
+            "groups": self.group_count,
+            "subscriptions": self.subscription_count,
+        }

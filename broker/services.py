@@ -1,0 +1,23 @@
+"""The services a broker runs, in start order.
+
+Each entry is ``(name, enabled(config), serve)`` where ``serve(ctx,
+task_status=...)`` reports ``[(protocol, host, port), ...]`` through
+``task_status.started`` once it is listening (an empty list for services
+without a port, like bridges).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.config import Config
+from broker.skan_listener import serve_skan
+
+Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
+
+
+def services() -> list[Service]:
+    return [
+        ("skan", lambda c: True, serve_skan),
+    ]

@@ -1,0 +1,206 @@
+"""The thin trio layer every listener shares: listeners, TLS, connection tasks.
+
+One connection = one nursery holding a reader loop, a writer task and, for
+protocols with keep-alive, an idle pinger.  The reader hands each received
+chunk to the adapter's synchronous ``on_bytes`` (which decodes and routes
+the whole chunk without a checkpoint) and then ends the routing batch.  The
+writer parks until its queue has data, then sends everything queued at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from broker.connection import QueuedEndpoint
+from broker.router import Router
+
+log = logging.getLogger(__name__)
+
+# Bytes asked of the socket per receive: large enough that a busy publisher's
+# frames arrive in big batches (one routing batch per chunk), small enough
+# that one connection cannot monopolise the loop for long.
+RECV_SIZE = 256 * 1024
+
+
+def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def open_listeners(
+    host: str, port: int, tls_cert: str | None = None, tls_key: str | None = None
+) -> list[trio.abc.Listener]:
+    listeners: list[trio.abc.Listener] = list(await trio.open_tcp_listeners(port, host=host))
+    if tls_cert and tls_key:
+        ctx = server_ssl_context(tls_cert, tls_key)
+        listeners = [
+            trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners
+        ]
+    return listeners
+
+
+def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
+    inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
+    host, port = inner.socket.getsockname()[:2]
+    return host, port
+
+
+class Connections:
+    """Every live connection's stop hook, so a graceful shutdown can drain them all."""
+
+    def __init__(self) -> None:
+        self._stops: set[Callable[[], None]] = set()
+        self.stopping = False
+
+    def add(self, stop: Callable[[], None]) -> None:
+        self._stops.add(stop)
+
+    def discard(self, stop: Callable[[], None]) -> None:
+        self._stops.discard(stop)
+
+    def stop_all(self) -> None:
+        self.stopping = True
+        for stop in list(self._stops):
+            stop()
+
+    def __len__(self) -> int:
+        return len(self._stops)
+
+
+async def _writer(stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Event) -> None:
+    queue = ep.queue
+    lot = trio.lowlevel.ParkingLot()
+    queue.wakeup = lot.unpark_all
+    try:
+        while True:
+            if not queue.size:
+                if ep.closing is not None:
+                    return
+                queue.waiting = True
+                await lot.park()
+                continue
+            await stream.send_all(queue.take_all())
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        ep.closing = ep.closing or "reset"
+    finally:
+        queue.waiting = False
+        queue.wakeup = _noop
+        done.set()
+
+
+def _noop() -> None:
+    pass
+
+
+async def idle_pinger(
+    ep: QueuedEndpoint,
+    send_ping: Callable[[], None],
+    delay: float,
+    timeout: float,
+) -> None:
+    """Ping a peer idle for ``delay`` seconds; close it if nothing arrives within ``timeout``."""
+    while True:
+        idle_until = ep.last_rx + delay
+        now = trio.current_time()
+        if now < idle_until:
+            await trio.sleep(idle_until - now)
+            continue
+        pinged_at = trio.current_time()
+        send_ping()
+        await trio.sleep(timeout)
+        if ep.last_rx < pinged_at:
+            ep.kill("ping-timeout")
+            return
+
+
+async def run_connection(
+    stream: trio.abc.Stream,
+    ep: QueuedEndpoint,
+    on_bytes: Callable[[bytes], None],
+    router: Router,
+    connections: Connections,
+    *,
+    drain_timeout: float,
+    extra_tasks: Callable[[trio.Nursery], None] | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> None:
+    """Drive one accepted connection until EOF, error, kill or shutdown.
+
+    ``on_bytes`` must be synchronous and may set ``ep.closing`` to end the
+    connection after what it queued (e.g. an error frame) has been sent.
+    """
+    writer_done = trio.Event()
+    reader_scope = trio.CancelScope()
+    conn_scope = trio.CancelScope()
+    ep.last_rx = trio.current_time()
+
+    def kill(reason: str) -> None:
+        # Called synchronously from routing (slow consumer) or the pinger.
+        if ep.closing is None or ep.closing == "shutdown":
+            ep.closing = reason
+        router.detach(ep, reason)
+        conn_scope.cancel()
+
+    def stop() -> None:
+        ep.closing = ep.closing or "shutdown"
+        reader_scope.cancel()
+
+    try:
+        with conn_scope:
+            async with trio.open_nursery() as nursery:
+                ep.kill = kill
+                connections.add(stop)
+                nursery.start_soon(_writer, stream, ep, writer_done)
+                if extra_tasks is not None:
+                    extra_tasks(nursery)
+                if on_start is not None:
+                    on_start()
+                with reader_scope:
+                    while ep.closing is None:
+                        try:
+                            data = await stream.receive_some(RECV_SIZE)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            ep.closing = "reset"
+                            break
+                        if not data:
+                            ep.closing = "eof"
+                            break
+                        ep.last_rx = trio.current_time()
+                        try:
+                            on_bytes(data)
+                        finally:
+                            router.end_batch()
+                # Let the writer send what is queued (error frame, replies), then close.
+                router.detach(ep, ep.closing or "closed")
+                ep.queue.wakeup()
+                with trio.move_on_after(drain_timeout):
+                    await writer_done.wait()
+                conn_scope.cancel()
+    except trio.BrokenResourceError:
+        ep.closing = ep.closing or "reset"
+    finally:
+        connections.discard(stop)
+        router.detach(ep, ep.closing or "closed")
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await trio.aclose_forcefully(stream)
+
+
+def make_handler(
+    factory: Callable[[trio.abc.Stream], Awaitable[None]],
+) -> Callable[[trio.abc.Stream], Awaitable[None]]:
+    """Wrap a per-connection coroutine so no exception from one peer reaches the listener."""
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        try:
+            await factory(stream)
+        except trio.Cancelled:
+            raise
+        except Exception:
+            log.exception("connection handler failed")
+
+    return handler
