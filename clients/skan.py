@@ -1,0 +1,278 @@
+"""Trio client for the native Skan protocol.
+
+    async with SkanClient.connect("127.0.0.1", 9912) as client:
+        await client.subscribe("chat")
+        await client.send("chat", {"text": "hello"})
+        async for message in client:
+            print(message.sender, message.msg)
+
+The client sends getlname on connect, keeps a background reader that sorts
+incoming frames into replies to pending requests (matched by ``seq``),
+control replies (lname, stats), error frames and ordinary messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from wire.skan import FrameSplitter, decode, encode_frame
+
+DEFAULT_PORT = 9912
+
+
+class SkanClientError(Exception):
+    """The broker answered with an error frame."""
+
+    def __init__(self, reason: str, seq: bytes | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.seq = seq
+
+
+def _text(value: Any) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else None
+
+
+@attrs.frozen
+class Message:
+    """A routed message as a client receives it (DATA values are bytes)."""
+
+    group: str
+    instance: str
+    to: str
+    sender: str
+    seq: str | None
+    msg: Any
+    repl: str | None
+    header: dict[bytes, Any] = attrs.field(repr=False)
+
+    @classmethod
+    def from_header(cls, header: dict[bytes, Any]) -> Message:
+        repl = header.get(b"repl", header.get(b"reply"))
+        return cls(
+            group=_text(header.get(b"group")) or "",
+            instance=_text(header.get(b"instance")) or "",
+            to=_text(header.get(b"to")) or "",
+            sender=_text(header.get(b"from")) or "",
+            seq=_text(header.get(b"seq")),
+            msg=header.get(b"msg"),
+            repl=_text(repl),
+            header=header,
+        )
+
+
+def strkeys(value: Any) -> Any:
+    """Decoded Skan value with str tags and str DATA (for display and JSON)."""
+    if isinstance(value, dict):
+        return {k.decode(errors="replace"): strkeys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strkeys(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return value
+    return value
+
+
+class SkanClient:
+    """One connection to a broker.  Use :meth:`connect`, then ``async with``."""
+
+    def __init__(self, stream: trio.abc.Stream, *, max_frame: int = 8 << 20,
+                 inbox: int = 10_000) -> None:
+        self._stream = stream
+        self._splitter = FrameSplitter(max_frame)
+        self._seq = itertools.count(1)
+        self._send_lock = trio.Lock()
+        self._lname_waiters: deque[trio.MemorySendChannel] = deque()
+        self._stats_waiters: deque[trio.MemorySendChannel] = deque()
+        self._requests: dict[bytes, trio.MemorySendChannel] = {}
+        # Messages wait here until iterated; when it is full the reader stops
+        # reading, TCP pushes back and the broker's slow-consumer policy decides.
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message](inbox)
+        self.errors: list[SkanClientError] = []
+        self.lname = ""
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[SkanClient]:
+        """Connect, ask for the lname, and run the reader until the block exits."""
+        stream: trio.abc.Stream
+        if ssl_context is not None:
+            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        else:
+            stream = await trio.open_tcp_stream(host, port)
+        client = cls(stream, **kwargs)
+        try:
+            async with trio.open_nursery() as nursery:
+                client._nursery = nursery
+                nursery.start_soon(client._reader)
+                client.lname = await client.getlname()
+                yield client
+                nursery.cancel_scope.cancel()
+        finally:
+            client._closed = True
+            await trio.aclose_forcefully(stream)
+
+    async def aclose(self) -> None:
+        """Close the connection now (the ``connect`` block still has to exit)."""
+        if not self._closed:
+            self._closed = True
+            await trio.aclose_forcefully(self._stream)
+
+    # ---- sending ---------------------------------------------------------
+
+    async def send_raw(self, message: dict[str, Any]) -> None:
+        data = encode_frame(message)
+        async with self._send_lock:
+            await self._stream.send_all(data)
+
+    async def _control(self, message: dict[str, Any], waiters: deque) -> Any:
+        send, recv = trio.open_memory_channel(1)
+        waiters.append(send)
+        await self.send_raw(message)
+        return await recv.receive()
+
+    async def getlname(self) -> str:
+        reply = await self._control({"type": "getlname"}, self._lname_waiters)
+        return reply.decode()
+
+    async def barrier(self) -> None:
+        """Return once the broker has handled everything sent before."""
+        await self.getlname()
+
+    async def stats(self) -> dict[str, Any]:
+        return strkeys(await self._control({"type": "stats"}, self._stats_waiters))
+
+    async def subscribe(self, group: str, instance: str = "*", subtype: str = "normal",
+                        *, wait: bool = True) -> None:
+        await self.send_raw(
+            {"type": "subscribe", "group": group, "instance": instance, "subtype": subtype}
+        )
+        if wait:
+            await self.barrier()
+
+    async def unsubscribe(self, group: str, instance: str = "*", *, wait: bool = True) -> None:
+        await self.send_raw({"type": "unsubscribe", "group": group, "instance": instance})
+        if wait:
+            await self.barrier()
+
+    def next_seq(self) -> str:
+        return str(next(self._seq))
+
+    async def send(self, group: str, msg: Any = None, *, instance: str = "*", to: str = "*",
+                   seq: str | None = None, repl: str | None = None) -> str:
+        seq = seq or self.next_seq()
+        message: dict[str, Any] = {
+            "type": "send", "from": self.lname, "to": to, "group": group,
+            "instance": instance, "seq": seq,
+        }
+        if repl is not None:
+            message["repl"] = repl
+        message["msg"] = msg
+        await self.send_raw(message)
+        return seq
+
+    async def request(self, group: str, msg: Any = None, *, to: str = "*", instance: str = "*",
+                      timeout: float = 5.0) -> Message:
+        """Send and wait for the first reply whose ``repl`` equals our ``seq``."""
+        seq = self.next_seq()
+        send, recv = trio.open_memory_channel(1)
+        self._requests[seq.encode()] = send
+        try:
+            await self.send(group, msg, instance=instance, to=to, seq=seq)
+            with trio.fail_after(timeout):
+                result = await recv.receive()
+        finally:
+            self._requests.pop(seq.encode(), None)
+        if isinstance(result, SkanClientError):
+            raise result
+        return result
+
+    async def reply(self, request: Message, msg: Any = None) -> str:
+        """Answer ``request``: directed to its sender, ``repl`` = its seq."""
+        return await self.send(request.group, msg, instance=request.instance,
+                               to=request.sender, repl=request.seq or "")
+
+    # ---- receiving -------------------------------------------------------
+
+    async def receive(self) -> Message:
+        return await self._inbox.receive()
+
+    def __aiter__(self) -> SkanClient:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self._inbox.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    async def _reader(self) -> None:
+        try:
+            while True:
+                data = await self._stream.receive_some(65536)
+                if not data:
+                    break
+                for frame in self._splitter.feed(data):
+                    await self._dispatch(decode(frame[4:]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._inbox_send.close()
+            for waiters in (self._lname_waiters, self._stats_waiters):
+                for w in waiters:
+                    w.close()
+            for w in self._requests.values():
+                w.close()
+
+    async def _dispatch(self, header: dict[bytes, Any]) -> None:
+        mtype = header.get(b"type")
+        if mtype == b"send":
+            repl = header.get(b"repl", header.get(b"reply"))
+            waiter = self._requests.pop(repl, None) if repl is not None else None
+            if waiter is not None:
+                waiter.send_nowait(Message.from_header(header))
+            else:
+                await self._inbox_send.send(Message.from_header(header))
+        elif b"lname" in header and self._lname_waiters:
+            self._lname_waiters.popleft().send_nowait(header[b"lname"])
+        elif b"stats" in header and self._stats_waiters:
+            self._stats_waiters.popleft().send_nowait(header[b"stats"])
+        elif mtype == b"error":
+            error = SkanClientError(_text(header.get(b"error")) or "", header.get(b"seq"))
+            waiter = self._requests.pop(error.seq, None) if error.seq else None
+            if waiter is not None:
+                waiter.send_nowait(error)
+            else:
+                self.errors.append(error)
+
+
+def ssl_client_context(ca: str | None = None, insecure: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+__all__ = ["Message", "SkanClient", "SkanClientError", "ssl_client_context", "strkeys"]
