@@ -11,6 +11,7 @@ import trio
 
 from broker.config import Config
 from broker.context import BrokerContext
+from broker.retention import RetentionStore
 from broker.router import Router
 from broker.services import services
 
@@ -32,6 +33,9 @@ async def run(
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
     ctx = BrokerContext(config=config, router=Router())
+    retention = RetentionStore(config.retention.size)
+    retention.attach(ctx.router)
+    ctx.components["retention"] = retention
     if ctx_out is not None:
         ctx_out.append(ctx)
     stop = stop or trio.Event()

@@ -25,6 +25,8 @@ class BrokerContext:
     on_stopping: list[Callable[[], None]] = attrs.Factory(list)
     # Async hooks run after connections have drained (e.g. flush the routing log).
     on_stopped: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
+    # Bridge status objects, one per [[bridges]] entry (metrics export them).
+    bridges: list[Any] = attrs.Factory(list)
     # Optional components other services look up by name (retention store, log writer, ...).
     components: dict[str, Any] = attrs.Factory(dict)
 
