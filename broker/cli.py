@@ -58,10 +58,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trio.run(app.run, cfg)
-    except OSError as exc:
-        print(f"skan-broker: cannot start: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _find(exc, OSError)
+        if os_error is None:
+            raise
+        print(f"skan-broker: cannot start: {os_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` inside a (possibly nested) exception group."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":
