@@ -63,6 +63,9 @@ class BrokerSection:
     # applies.  Must hold at least one max-size frame.
     queue_limit: int = attrs.field(default=16 * MiB, validator=_positive)
     slow_consumer: str = attrs.field(default="disconnect", validator=_one_of("disconnect", "drop"))
+    # Seconds publishers are paused (back-pressure) for a consumer whose queue
+    # is over half full before the slow-consumer policy is left to act.
+    slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
     # Seconds a graceful stop waits for queued frames to drain to clients.
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
 

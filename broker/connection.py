@@ -21,12 +21,15 @@ DROP = "drop"
 class OutQueue:
     """A byte-bounded FIFO of frames with a wake-up hook for a parked writer."""
 
-    __slots__ = ("items", "limit", "size", "waiting", "wakeup")
+    __slots__ = ("high", "items", "limit", "size", "waiting", "wakeup")
 
     def __init__(self, limit: int) -> None:
         self.items: list[bytes] = []
         self.size = 0
         self.limit = limit
+        # Above this the queue is congested: publishers routing to it pause
+        # (back-pressure) for up to the grace period before the policy applies.
+        self.high = limit // 2
         # Set by the writer just before it parks; push wakes it once.
         self.waiting = False
         self.wakeup: Callable[[], None] = _nothing
@@ -72,6 +75,11 @@ class QueuedEndpoint(Endpoint):
         self.closing: str | None = None
         # trio clock time of the last bytes received (set by the transport).
         self.last_rx = 0.0
+        # Back-pressure state, owned by the transport: flagged in router.congested,
+        # since when (trio clock), and the event the writer sets once drained.
+        self.congested = False
+        self.congested_since: float | None = None
+        self.drained: Any = None
         self.kill: Callable[[str], None] = self._detach_only
 
     def _detach_only(self, reason: str) -> None:
@@ -93,7 +101,11 @@ class QueuedEndpoint(Endpoint):
         """Queue bytes for the writer, applying the slow-consumer policy when full."""
         if self.closed:
             return False
-        if self.queue.push(data):
+        q = self.queue
+        if q.push(data):
+            if q.size > q.high and not self.congested:
+                self.congested = True
+                self.router.congested.append(self)
             return True
         counters = self.router.counters
         if self.policy == DROP:

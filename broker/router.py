@@ -165,6 +165,9 @@ class Router:
         self._instance = 0
         self._in_batch = False
         self._dirty: list[Endpoint] = []
+        # Endpoints whose outgoing queue passed its high-water mark during
+        # routing; the trio layer pauses the publishing reader on them.
+        self.congested: list[Endpoint] = []
         # Called with every Routed message, delivered or not (retention, log).
         self.observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).

@@ -39,6 +39,9 @@ class SkanConnection(QueuedEndpoint):
             if q.waiting:
                 q.waiting = False
                 q.wakeup()
+            if q.size > q.high and not self.congested:
+                self.congested = True
+                self.router.congested.append(self)
         else:
             self.enqueue(frame)
 
@@ -84,7 +87,7 @@ async def serve_skan(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED
         ctx.router.attach(ep)
         await run_connection(
             stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout,
+            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
         )
 
     task_status.started([("skan", *listener_address(lst)) for lst in listeners])

@@ -85,6 +85,9 @@ async def _writer(stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Ev
                 await lot.park()
                 continue
             await stream.send_all(queue.take_all())
+            if ep.drained is not None and queue.size <= queue.high:
+                ep.drained.set()
+                ep.drained = None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         ep.closing = ep.closing or "reset"
     finally:
@@ -95,6 +98,34 @@ async def _writer(stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Ev
 
 def _noop() -> None:
     pass
+
+
+async def relieve_congestion(router: Router, grace: float) -> None:
+    """Back-pressure: pause this reader until congested queues drain (bounded by ``grace``).
+
+    A consumer that stays congested for longer than ``grace`` seconds is not
+    waited for any more: its queue then fills to the limit and the
+    slow-consumer policy (disconnect or drop) applies.
+    """
+    congested, router.congested = router.congested, []
+    for ep in congested:
+        ep.congested = False
+        q = ep.queue
+        if ep.closed or q.size <= q.high:
+            ep.congested_since = None
+            continue
+        now = trio.current_time()
+        if ep.congested_since is None:
+            ep.congested_since = now
+        remaining = ep.congested_since + grace - now
+        if remaining <= 0:
+            continue
+        if ep.drained is None:
+            ep.drained = trio.Event()
+        with trio.move_on_after(remaining):
+            await ep.drained.wait()
+        if q.size <= q.high:
+            ep.congested_since = None
 
 
 async def idle_pinger(
@@ -126,6 +157,7 @@ async def run_connection(
     connections: Connections,
     *,
     drain_timeout: float,
+    grace: float = 1.0,
     extra_tasks: Callable[[trio.Nursery], None] | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> None:
@@ -175,6 +207,8 @@ async def run_connection(
                             on_bytes(data)
                         finally:
                             router.end_batch()
+                        if router.congested:
+                            await relieve_congestion(router, grace)
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or "closed")
                 ep.queue.wakeup()

@@ -1,0 +1,213 @@
+"""Load generator for a live broker: pre-encoded frames out, delivered bytes counted.
+
+The client must not be the bottleneck, so publishers write large buffers of
+identical pre-encoded frames and subscribers only count received bytes
+(deliveries = bytes / frame size).  Other benchmarks (HSP, Eventer, metrics
+on/off, routing log on/off) reuse these pieces.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import attrs
+import trio
+
+from wire.skan import FrameSplitter, decode, encode_frame
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAYLOAD = 100  # bytes of msg DATA per message
+BATCH = 2000  # frames per publisher write
+
+
+@attrs.define
+class Result:
+    scenario: str
+    msgs_per_s: float
+    deliveries_per_s: float
+    seconds: float
+    broker_cpu: float | None = None
+
+    def line(self) -> str:
+        cpu = f"  broker cpu {self.broker_cpu:.0%}" if self.broker_cpu is not None else ""
+        return (f"{self.scenario:<8} {self.msgs_per_s:>12,.0f} msgs/s routed "
+                f"{self.deliveries_per_s:>12,.0f} deliveries/s{cpu}")
+
+
+class Broker:
+    """Start ``python -m broker`` with a config, or point at a running one."""
+
+    def __init__(self, config: str = "", address: tuple[str, int] | None = None) -> None:
+        self.config = config
+        self.address = address
+        self.proc: subprocess.Popen | None = None
+        self.addr: dict[str, tuple[str, int]] = {}
+
+    def __enter__(self) -> Broker:
+        if self.address:
+            self.addr["skan"] = self.address
+            return self
+        work = pathlib.Path(tempfile.mkdtemp(prefix="skan-bench-"))
+        (work / "broker.toml").write_text(self.config)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "--config", str(work / "broker.toml"),
+             "--skan-port", "0", "--hsp-port", "0", "--eventer-port", "0",
+             "--mariner-port", "0", "--metrics-port", "0", "--log-dir", str(work / "log"),
+             "--log-level", "WARNING"],
+            stdout=subprocess.PIPE, text=True, env=env, cwd=work,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("broker exited during start-up")
+            if line.startswith("listening "):
+                _, proto, hostport = line.split()
+                host, _, port = hostport.rpartition(":")
+                self.addr[proto] = (host, int(port))
+                if proto == "skan":
+                    # the rest of the lines were written in the same flush
+                    time.sleep(0.2)
+                    break
+        return self
+
+    def cpu_seconds(self) -> float | None:
+        if self.proc is None:
+            return None
+        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def raw_connect(addr: tuple[str, int]) -> tuple[trio.SocketStream, bytes]:
+    stream = await trio.open_tcp_stream(*addr)
+    await stream.send_all(encode_frame({"type": "getlname"}))
+    splitter = FrameSplitter(1 << 20)
+    while True:
+        frames = splitter.feed(await stream.receive_some(4096))
+        if frames:
+            return stream, decode(frames[0][4:])[b"lname"]
+
+
+async def barrier(stream: trio.SocketStream) -> None:
+    """getlname round trip: the broker has handled everything sent before it."""
+    await stream.send_all(encode_frame({"type": "getlname"}))
+    splitter = FrameSplitter(1 << 20)
+    while not splitter.feed(await stream.receive_some(4096)):
+        pass
+
+
+def send_frame(lname: bytes, group: str, payload: bytes, seq: int = 1) -> bytes:
+    return encode_frame({"type": "send", "from": lname, "to": "*", "group": group,
+                         "instance": "*", "seq": str(seq), "msg": payload})
+
+
+async def subscribe(addr: tuple[str, int], group: str) -> trio.SocketStream:
+    stream, _ = await raw_connect(addr)
+    await stream.send_all(encode_frame({"type": "subscribe", "group": group, "instance": "*"}))
+    await barrier(stream)
+    return stream
+
+
+async def throughput(addr: tuple[str, int], publishers: int, subscribers: int,
+                     seconds: float, broker: Broker | None = None, warmup: float = 1.0,
+                     label: str | None = None) -> Result:
+    """Publishers flood one group; subscribers count bytes.  Returns measured rates."""
+    group = f"bench-{publishers}-{subscribers}-{time.monotonic_ns()}"
+    subs = [await subscribe(addr, group) for _ in range(subscribers)]
+    pubs = [await raw_connect(addr) for _ in range(publishers)]
+    frame_size = len(send_frame(pubs[0][1], group, b"x" * PAYLOAD))
+    received = [0] * subscribers
+    window: dict[str, float] = {}
+
+    async def publish(stream: trio.SocketStream, lname: bytes) -> None:
+        buf = send_frame(lname, group, b"x" * PAYLOAD) * BATCH
+        while True:
+            await stream.send_all(buf)
+
+    async def count(i: int, stream: trio.SocketStream) -> None:
+        while True:
+            data = await stream.receive_some(1 << 20)
+            if not data:
+                raise RuntimeError("broker closed a benchmark subscriber (slow consumer?)")
+            received[i] += len(data)
+
+    async with trio.open_nursery() as nursery:
+        for i, s in enumerate(subs):
+            nursery.start_soon(count, i, s)
+        for stream, lname in pubs:
+            nursery.start_soon(publish, stream, lname)
+        await trio.sleep(warmup)
+        b0, t0 = sum(received), time.perf_counter()
+        c0 = broker.cpu_seconds() if broker else None
+        await trio.sleep(seconds)
+        b1, t1 = sum(received), time.perf_counter()
+        c1 = broker.cpu_seconds() if broker else None
+        window["dt"] = t1 - t0
+        nursery.cancel_scope.cancel()
+    for s in subs:
+        await s.aclose()
+    for s, _ in pubs:
+        await s.aclose()
+    deliveries = (b1 - b0) / frame_size / window["dt"]
+    cpu = (c1 - c0) / window["dt"] if c0 is not None and c1 is not None else None
+    return Result(label or f"{publishers}->{subscribers}", deliveries / subscribers, deliveries,
+                  window["dt"], cpu)
+
+
+async def latency(addr: tuple[str, int], rate: int, seconds: float) -> tuple[float, float, int]:
+    """Send ``rate`` msgs/s (in 1 ms ticks) carrying a timestamp; return p50, p99 (ms), count."""
+    group = f"latency-{time.monotonic_ns()}"
+    sub = await subscribe(addr, group)
+    pub, lname = await raw_connect(addr)
+    per_tick = max(1, rate // 1000)
+    samples: list[float] = []
+
+    async def receive() -> None:
+        splitter = FrameSplitter(1 << 20)
+        while True:
+            data = await sub.receive_some(1 << 16)
+            now = time.perf_counter_ns()
+            for f in splitter.feed(data):
+                sent = int(decode(f[4:])[b"msg"][:20])
+                samples.append((now - sent) / 1e6)
+
+    # The generator's own collector pauses would be measured as broker latency.
+    gc.disable()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        start = trio.current_time()
+        tick = 0
+        while trio.current_time() - start < seconds:
+            tick += 1
+            ts = time.perf_counter_ns()
+            await pub.send_all(b"".join(
+                send_frame(lname, group, str(ts).rjust(20).encode() + b"x" * (PAYLOAD - 20), k)
+                for k in range(per_tick)
+            ))
+            await trio.sleep_until(start + tick / 1000)
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    gc.enable()
+    await sub.aclose()
+    await pub.aclose()
+    samples.sort()
+    q = statistics.quantiles(samples, n=100)
+    return q[49], q[98], len(samples)
