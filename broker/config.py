@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from broker.connection import MIN_QUEUE_LIMIT
+
 MiB = 1024 * 1024
 
 
@@ -276,9 +278,11 @@ def from_mapping(data: Mapping[str, Any]) -> Config:
 
 def validate(config: Config) -> None:
     """Cross-field checks that no single section can make on its own."""
-    if config.broker.queue_limit < config.broker.max_frame:
+    if config.broker.queue_limit < max(config.broker.max_frame, MIN_QUEUE_LIMIT):
         raise ConfigError(
-            "broker.queue_limit", "must be at least broker.max_frame (one frame must fit)"
+            "broker.queue_limit",
+            f"must be at least broker.max_frame (one frame must fit) and {MIN_QUEUE_LIMIT} "
+            "(the high-water mark plus two received chunks)",
         )
     for name in ("skan", "hsp", "eventer", "mariner"):
         section = getattr(config, name)

@@ -17,6 +17,13 @@ from broker.router import Endpoint, Routed, Router
 DISCONNECT = "disconnect"
 DROP = "drop"
 
+# Bytes the transport reads per receive.  Routing one received chunk can add
+# at most about this much to any queue before the reader gets to pause, so it
+# is the headroom kept between a queue's high-water mark and its limit.
+RECV_CHUNK = 256 * 1024
+# Smallest accepted queue_limit: room for the high-water mark plus two chunks.
+MIN_QUEUE_LIMIT = 4 * RECV_CHUNK
+
 
 class OutQueue:
     """A byte-bounded FIFO of frames with a wake-up hook for a parked writer."""
@@ -29,7 +36,7 @@ class OutQueue:
         self.limit = limit
         # Above this the queue is congested: publishers routing to it pause
         # (back-pressure) for up to the grace period before the policy applies.
-        self.high = limit // 2
+        self.high = min(limit // 2, limit - 2 * RECV_CHUNK)
         # Set by the writer just before it parks; push wakes it once.
         self.waiting = False
         self.wakeup: Callable[[], None] = _nothing

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from broker.connection import QueuedEndpoint
+from broker.connection import RECV_CHUNK, QueuedEndpoint
 from broker.router import Router
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # Bytes asked of the socket per receive: large enough that a busy publisher's
 # frames arrive in big batches (one routing batch per chunk), small enough
 # that one connection cannot monopolise the loop for long.
-RECV_SIZE = 256 * 1024
+RECV_SIZE = RECV_CHUNK
 
 
 def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:

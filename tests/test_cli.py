@@ -30,7 +30,7 @@ def run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
         ("[nosuch]\nx = 1\n", "nosuch", "unknown section"),
         ("[skan]\nport = 70000\n", "skan.port", "between 0 and 65535"),
         ("[broker]\nslow_consumer = 'explode'\n", "broker.slow_consumer", "must be one of"),
-        ("[broker]\nmax_frame = 100\nqueue_limit = 10\n", "broker.queue_limit", "at least"),
+        ("[broker]\nmax_frame = 100\nqueue_limit = 1000\n", "broker.queue_limit", "at least"),
         ("[[bridges]]\nprotocol = 'hsp'\ngroup = 'g'\n", "bridges[0].address", "is required"),
         ("[[bridges]]\nprotocol = 'hsp'\naddress = 'nohost'\ngroup = 'g'\n",
          "bridges[0].address", "host:port"),

@@ -277,7 +277,7 @@ async def test_bad_length_prefix_error_and_close(broker, prefix):
 async def test_frame_over_max_frame(tmp_path):
     from tests.brokerproc import BrokerProcess
 
-    with BrokerProcess("[broker]\nmax_frame = 1024\nqueue_limit = 4096\n") as b:
+    with BrokerProcess("[broker]\nmax_frame = 1024\nqueue_limit = 1048576\n") as b:
         async with SkanClient.connect(*b.skan) as ok, SkanClient.connect(*b.skan) as sub:
             await sub.subscribe("mf")
             await ok.send("mf", "x" * 900)
@@ -340,7 +340,7 @@ async def test_many_clients_at_once(broker):
 async def test_slow_consumer_disconnected_by_default():
     from tests.brokerproc import BrokerProcess
 
-    config = "[broker]\nmax_frame = 65536\nqueue_limit = 262144\n"
+    config = "[broker]\nmax_frame = 65536\nqueue_limit = 1048576\n"
     with BrokerProcess(config) as b:
         slow = await RawSkan.open(b.skan)
         await slow.getlname()
@@ -385,7 +385,7 @@ async def test_slow_consumer_disconnected_by_default():
 async def test_slow_consumer_drop_policy_counts_and_keeps_connection():
     from tests.brokerproc import BrokerProcess
 
-    config = ('[broker]\nmax_frame = 65536\nqueue_limit = 262144\n'
+    config = ('[broker]\nmax_frame = 65536\nqueue_limit = 1048576\n'
               'slow_consumer = "drop"\n')
     with BrokerProcess(config) as b:
         slow = await RawSkan.open(b.skan)
@@ -411,3 +411,31 @@ async def test_slow_consumer_drop_policy_counts_and_keeps_connection():
                 n += 1
                 assert decode(f[4:])[b"group"] == b"flood"
         assert n > 0
+
+
+async def test_backpressure_pauses_publisher_for_a_reading_consumer():
+    """A consumer that reads slower than the publisher writes is paced, not dropped."""
+    from tests.brokerproc import BrokerProcess
+
+    config = "[broker]\nmax_frame = 65536\nqueue_limit = 1048576\nslow_consumer_grace = 5.0\n"
+    with BrokerProcess(config) as b:
+        reader = await RawSkan.open(b.skan)
+        await reader.getlname()
+        await reader.send({"type": "subscribe", "group": "paced", "instance": "*"})
+        await reader.getlname()
+        total = 300  # 300 x 30 kB = 9 MB, far more than the 1 MB queue plus socket buffers
+        async with SkanClient.connect(*b.skan) as pub:
+            async def publish():
+                for i in range(total):
+                    await pub.send("paced", f"{i:06d}" + "p" * 30_000)
+
+            got = []
+            async with trio.open_nursery() as n:
+                n.start_soon(publish)
+                while len(got) < total:
+                    got.append(decode((await reader.frame(timeout=20))[4:])[b"msg"][:6])
+                    if len(got) % 10 == 0:
+                        await trio.sleep(0.02)  # a steady but slow reader
+            assert got == [f"{i:06d}".encode() for i in range(total)]
+            stats = await pub.stats()
+            assert stats["slow_consumer_disconnects"] == "0" and stats["dropped"] == "0"
