@@ -275,43 +275,62 @@ def decode_header(buf: bytes, start: int = 0, end: int | None = None) -> dict[by
     if end - start < 4 or buf[start : start + 4] != MAGIC:
         _check_magic(buf, start, end)
     header: dict[bytes, Any] = {}
+    count = 0
     pos = start + 4
     while pos < end:
         taglen = buf[pos]
         tag_end = pos + 1 + taglen
-        if taglen == 0 or tag_end > end:
-            if taglen == 0:
-                raise SkanError(f"zero tag length at offset {pos - start}")
-            raise SkanError(f"tag of {taglen} bytes at offset {pos - start} overruns the message")
-        tag = buf[pos + 1 : tag_end]
-        if tag_end >= end:
-            raise SkanError(f"tag {tag!r} at offset {pos - start} has no item")
-        tylen = buf[tag_end]
-        if tylen == 0x21:  # DATA, 8-bit length: by far the most common case
+        if taglen == 0 or tag_end >= end:
+            _bad_tag(buf, pos, start, end)
+        count += 1
+        if buf[tag_end] == 0x21 and tag_end + 2 <= end:
+            # DATA with an 8-bit length: by far the most common case.
             s = tag_end + 2
-            if s > end:
-                raise SkanError(f"8-bit length truncated at offset {tag_end - start}")
             e = s + buf[tag_end + 1]
             if e > end:
                 raise SkanError(
                     f"DATA of {e - s} bytes at offset {tag_end - start} overruns its container "
                     f"by {e - end} bytes"
                 )
-            value: Any = buf[s:e]
+            header[buf[pos + 1 : tag_end]] = buf[s:e]
         else:
             t, s, e = _item_header(buf, tag_end, end, start)
             if t == DATA:
-                value = buf[s:e]
+                value: Any = buf[s:e]
             elif t == NULL:
                 value = None
             else:
                 _validate(buf, t, s, e, start, 1)
                 value = Nested(t, s, e)
-        if tag in header:
-            raise SkanError(f"duplicate tag {tag!r} at offset {pos - start}")
-        header[tag] = value
+            header[buf[pos + 1 : tag_end]] = value
         pos = e
+    if count != len(header):
+        _find_duplicate(buf, start, end)
     return header
+
+
+def _bad_tag(buf: bytes, pos: int, start: int, end: int) -> None:
+    taglen = buf[pos]
+    if taglen == 0:
+        raise SkanError(f"zero tag length at offset {pos - start}")
+    if pos + 1 + taglen > end:
+        raise SkanError(f"tag of {taglen} bytes at offset {pos - start} overruns the message")
+    raise SkanError(f"tag {bytes(buf[pos + 1 : pos + 1 + taglen])!r} at offset {pos - start} "
+                    "has no item")
+
+
+def _find_duplicate(buf: bytes, start: int, end: int) -> None:
+    """Slow path: say which tag of an already-scanned hash is duplicated."""
+    seen: set[bytes] = set()
+    pos = start + 4
+    while pos < end:
+        tag_end = pos + 1 + buf[pos]
+        tag = buf[pos + 1 : tag_end]
+        if tag in seen:
+            raise SkanError(f"duplicate tag {tag!r} at offset {pos - start}")
+        seen.add(tag)
+        pos = _item_header(buf, tag_end, end, start)[2]
+    raise AssertionError("no duplicate found")  # pragma: no cover
 
 
 def item_bytes(buf: bytes, header: dict[bytes, Any], tag: bytes) -> Any:
