@@ -107,6 +107,23 @@ class Counters:
     # Totals of endpoints that have gone, so per-protocol sums survive disconnects.
     gone_in: dict[str, list[int]] = attrs.Factory(dict)
     gone_out: dict[str, list[int]] = attrs.Factory(dict)
+    # "protocol:reason" -> count; see protocol_error() and drop().
+    errors: dict[str, int] = attrs.Factory(dict)
+    drops: dict[str, int] = attrs.Factory(dict)
+
+    def protocol_error(self, protocol: str, reason: str) -> None:
+        """Count one protocol error.  ``reason`` is a short fixed label
+        ("malformed", "rejected", ...), never free text: it becomes a metric label."""
+        self.protocol_errors += 1
+        key = f"{protocol}:{reason}"
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+    def drop(self, protocol: str, reason: str) -> None:
+        """Count one message dropped for a reason other than a full outgoing queue
+        (which endpoints count themselves), e.g. an HSP DATA of an unknown Type."""
+        self.dropped += 1
+        key = f"{protocol}:{reason}"
+        self.drops[key] = self.drops.get(key, 0) + 1
 
 
 def event_type(group: bytes, instance: bytes) -> tuple[bytes, ...]:
@@ -172,6 +189,11 @@ class Router:
         self.observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
+        # Set by the metrics service (None = metrics off, no per-message cost):
+        # group -> [messages routed, deliveries], and the routing-latency
+        # buckets the transport fills per received chunk.
+        self.group_stats: dict[bytes, list[int]] | None = None
+        self.latency: Any = None
 
     # ---- endpoints -------------------------------------------------------
 
@@ -266,6 +288,10 @@ class Router:
     def group_count(self) -> int:
         return len(self._subs)
 
+    def group_subscriptions(self, group: bytes) -> int:
+        """Instance subscriptions currently held on ``group`` (patterns not included)."""
+        return sum(len(m) for m in self._subs.get(group, {}).values())
+
     def groups(self) -> list[bytes]:
         return list(self._subs)
 
@@ -357,6 +383,13 @@ class Router:
             c.bytes_out += delivered * size
         else:
             c.undeliverable += 1
+        gstats = self.group_stats
+        if gstats is not None:
+            gs = gstats.get(key[0])
+            if gs is None:
+                gs = gstats[key[0]] = [0, 0]
+            gs[0] += 1
+            gs[1] += delivered
         for observer in self.observers:
             observer(routed)
         return routed

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.config import Config
+from broker.metrics_http import serve_metrics
 from broker.skan_listener import serve_skan
 
 Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
@@ -20,4 +21,5 @@ Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
 def services() -> list[Service]:
     return [
         ("skan", lambda c: True, serve_skan),
+        ("metrics", lambda c: c.metrics.enabled, serve_metrics),
     ]

@@ -52,24 +52,24 @@ class SkanConnection(QueuedEndpoint):
         try:
             frames = self.splitter.feed(data)
         except FrameError as exc:
-            self._fatal(str(exc))
+            self._fatal("bad-frame", str(exc))
             return
         handle = self.session.handle
         for frame in frames:
             try:
                 rejected = handle(frame)
             except SkanError as exc:
-                self._fatal(f"malformed message: {exc}")
+                self._fatal("malformed", f"malformed message: {exc}")
                 return
             if rejected is not None:
-                self.router.counters.protocol_errors += 1
+                self.router.counters.protocol_error("skan", "rejected")
                 self.enqueue(encode_frame(rejected.error_message()))
                 if rejected.close:
                     self.closing = "protocol-error"
                     return
 
-    def _fatal(self, reason: str) -> None:
-        self.router.counters.protocol_errors += 1
+    def _fatal(self, kind: str, reason: str) -> None:
+        self.router.counters.protocol_error("skan", kind)
         self.enqueue(error_frame(reason))
         self.closing = "protocol-error"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -167,6 +168,7 @@ async def run_connection(
     connection after what it queued (e.g. an error frame) has been sent.
     """
     writer_done = trio.Event()
+    counters = router.counters
     reader_scope = trio.CancelScope()
     conn_scope = trio.CancelScope()
     ep.last_rx = trio.current_time()
@@ -203,10 +205,19 @@ async def run_connection(
                             ep.closing = "eof"
                             break
                         ep.last_rx = trio.current_time()
+                        # Routing latency (metrics): one clock pair per chunk, never per message.
+                        latency = router.latency
+                        if latency is not None:
+                            routed_before = counters.msgs_in
+                            started = time.perf_counter()
                         try:
                             on_bytes(data)
                         finally:
                             router.end_batch()
+                        if latency is not None:
+                            latency.observe(
+                                time.perf_counter() - started, counters.msgs_in - routed_before
+                            )
                         if router.congested:
                             await relieve_congestion(router, grace)
                 # Let the writer send what is queued (error frame, replies), then close.
