@@ -20,8 +20,10 @@ from wire.skan import encode_frame
 CONFIG = """
 [broker]
 max_frame = 65536
-queue_limit = 65536
+queue_limit = 1048576
 slow_consumer = "drop"
+# Drop at once instead of pausing the publisher first (back-pressure).
+slow_consumer_grace = 0
 
 [metrics]
 groups = ["alpha"]
@@ -128,7 +130,7 @@ async def test_drops_and_queue_depth_with_a_stalled_consumer(mbroker):
     await stalled.send({"type": "subscribe", "group": "flood", "instance": "*"})
     await stalled.getlname()
     payload = "x" * 8000
-    sent = 2000  # 16 MB: far more than the socket buffers plus the 64 KiB queue
+    sent = 2000  # 16 MB: far more than the socket buffers plus the 1 MiB queue
     async with SkanClient.connect(*mbroker.skan) as pub:
         for _ in range(sent):
             await pub.send("flood", payload)
@@ -137,7 +139,7 @@ async def test_drops_and_queue_depth_with_a_stalled_consumer(mbroker):
         assert value(during, "skan_outgoing_queue_max_bytes", protocol="skan") > 0
         assert value(during, "skan_outgoing_queue_bytes", protocol="skan") >= value(
             during, "skan_outgoing_queue_max_bytes", protocol="skan")
-        assert value(during, "skan_outgoing_queue_limit_bytes") == 65536
+        assert value(during, "skan_outgoing_queue_limit_bytes") == 1048576
         # Now read everything that was queued; the rest was dropped and counted.
         received = 0
         while True:
