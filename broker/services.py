@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from broker.bridge_service import serve_bridges
 from broker.config import Config
+from broker.hsp_listener import serve_hsp
 from broker.metrics_http import serve_metrics
 from broker.skan_listener import serve_skan
 
@@ -21,5 +23,8 @@ Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
 def services() -> list[Service]:
     return [
         ("skan", lambda c: True, serve_skan),
+        ("hsp", lambda c: c.hsp.enabled, serve_hsp),
         ("metrics", lambda c: c.metrics.enabled, serve_metrics),
+        # Last: bridges dial out once every listener is up.
+        ("bridges", lambda c: bool(c.bridges), serve_bridges),
     ]
