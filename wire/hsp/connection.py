@@ -41,6 +41,7 @@ from wire.hsp.codec import (
 )
 
 _ANSWERS = (Ack, Error, ErrorUndef)
+_NAMES = {Ack: "ACK", Error: "ERROR", ErrorUndef: "ERROR_UNDEF"}
 
 
 class HSPConnection:
@@ -94,7 +95,7 @@ class HSPConnection:
             if t is DataAck:
                 self._owe(ev.message_id, events, i)
             elif t is Ack or t is ErrorUndef or t is Error:
-                self._answered(ev.message_id, t.__name__, events, i)
+                self._answered(ev.message_id, _NAMES[t], events, i)
             elif t is Pong:
                 if self.pings:
                     self.pings -= 1
@@ -116,7 +117,7 @@ class HSPConnection:
     def _answered(self, mid: int, what: str, events: list[Event], i: int) -> None:
         if mid not in self.awaiting:
             raise ProtocolError(
-                f"{what.upper()} for MessageID {mid}, which no DATA_ACK of ours is awaiting",
+                f"{what} for MessageID {mid}, which no DATA_ACK of ours is awaiting",
                 events[:i],
             )
         self.awaiting.discard(mid)
