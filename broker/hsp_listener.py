@@ -103,21 +103,8 @@ class HSPClientConnection(QueuedEndpoint):
 
     # ---- outgoing ---------------------------------------------------------
 
-    def deliver(self, frame: bytes, routed: Routed) -> None:
-        data = DELIVERY_PREFIX + frame
-        # Inlined OutQueue.push: this runs once per recipient per message.
-        q = self.queue
-        n = len(data)
-        if q.size + n <= q.limit and not self.closed:
-            q.items.append(data)
-            q.size += n
-            self.msgs_out += 1
-            self.bytes_out += n
-            if q.waiting:
-                q.waiting = False
-                q.wakeup()
-        else:
-            self.enqueue(data)
+    def encode_delivery(self, frame: bytes, routed: Routed) -> bytes:
+        return DELIVERY_PREFIX + frame
 
     def encode_control(self, message: dict[str, Any]) -> bytes:
         return DELIVERY_PREFIX + encode_frame(message)
@@ -245,7 +232,8 @@ async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED)
 
         await run_connection(
             stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout, extra_tasks=pinger,
+            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
+            extra_tasks=pinger,
         )
 
     task_status.started([("hsp", *listener_address(lst)) for lst in listeners])

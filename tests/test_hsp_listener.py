@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 import trio
+import trustme
 
 from clients.hsp import HSPClient, HSPError, SkanOverHSP
 from clients.skan import SkanClient
@@ -21,7 +24,6 @@ MAX_FRAME = 64 * 1024
 CONFIG = f"""
 [broker]
 max_frame = {MAX_FRAME}
-queue_limit = {4 * MAX_FRAME}
 """
 
 
@@ -323,3 +325,30 @@ async def test_idle_peer_is_pinged_and_closed_when_silent():
             stats = await c.stats()
         assert stats["connections"].get("hsp") == "1"
         await answering.aclose()
+
+
+# ---- TLS ----------------------------------------------------------------------------
+
+
+async def test_hsp_over_tls(tmp_path):
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "broker.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
+    config = (f'[hsp]\ntls_cert = "{tmp_path / "broker.pem"}"\n'
+              f'tls_key = "{tmp_path / "broker.key"}"\n')
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    with BrokerProcess(config) as proc:
+        async with (
+            SkanOverHSP.connect(*proc.addr["hsp"], ssl_context=ctx) as sub,
+            SkanClient.connect(*proc.skan) as pub,
+        ):
+            await sub.subscribe("secure")
+            await pub.send("secure", "over hsp and tls")
+            assert (await sub.receive()).msg == b"over hsp and tls"
+        # A plaintext HSP peer on the TLS port is refused (the handshake fails).
+        raw = await RawHSP.open(proc.addr["hsp"])
+        await raw.data({"type": "getlname"})
+        with pytest.raises((EOFError, trio.BrokenResourceError)):
+            await raw.event(timeout=10)
