@@ -94,6 +94,42 @@ def pattern_bytes(pattern: tuple[str, ...] | list[str]) -> tuple[bytes, ...]:
     return tuple(seg.encode() for seg in pattern)
 
 
+# ---- timestamps -------------------------------------------------------------
+
+
+def timestamp_parts(t: float) -> tuple[int, int]:
+    """A router timestamp (float seconds) as Hat's (s, us), us in 0..999999."""
+    s = math.floor(t)
+    us = round((t - s) * 1_000_000)
+    if us >= 1_000_000:
+        return s + 1, us - 1_000_000
+    return s, us
+
+
+def timestamp_from_parts(s: int, us: int) -> float:
+    return s + us / 1_000_000
+
+
+# ---- SBS payload names ------------------------------------------------------
+
+# Hat 0.8 events may carry an SBS payload (module, type, data).  The broker
+# keeps it as a binary payload whose type name is "sbs:MODULE.TYPE" (or
+# "sbs:TYPE" without a module), so it can be given back as SBS unchanged.
+SBS_PREFIX = "sbs:"
+
+
+def sbs_type_name(module: str | None, type_name: str) -> str:
+    return f"{SBS_PREFIX}{module}.{type_name}" if module else f"{SBS_PREFIX}{type_name}"
+
+
+def parse_sbs_type_name(name: str) -> tuple[str | None, str] | None:
+    """(module, type) of a name made by :func:`sbs_type_name`; None for other names."""
+    if not name.startswith(SBS_PREFIX):
+        return None
+    module, _, type_name = name[len(SBS_PREFIX) :].rpartition(".")
+    return (module or None), type_name
+
+
 # ---- payloads -------------------------------------------------------------
 
 

@@ -46,6 +46,9 @@ class RetentionStore:
         self.size = size
         self._items: deque[Entry] = deque(maxlen=size or 1)
         self.evicted = 0
+        # (session, instance) of the newest evicted message: a replay that
+        # starts before it has lost messages to the ring (a visible gap).
+        self.evicted_upto: tuple[int, int] | None = None
 
     def attach(self, router: Router) -> None:
         if self.size:
@@ -55,6 +58,8 @@ class RetentionStore:
         items = self._items
         if len(items) == items.maxlen:
             self.evicted += 1
+            gone = items[0]
+            self.evicted_upto = (gone[0], gone[1])
         items.append((routed.session, routed.instance, routed.timestamp, routed.frame,
                       routed.delivered))
 
@@ -64,15 +69,19 @@ class RetentionStore:
     def __iter__(self) -> Iterator[Routed]:
         return map(_view, list(self._items)) if self.size else iter(())
 
-    def after(self, session: int, instance: int) -> Iterator[Routed]:
-        """Messages strictly after EventId (session, instance), oldest first."""
+    def after(self, session: int, instance: int, limit: int | None = None) -> Iterator[Routed]:
+        """Messages strictly after EventId (session, instance), oldest first (at most ``limit``)."""
         items = self._items
         if not self.size or not items:
             return iter(())
         # deque indexing is O(1) near the ends and O(n/64) in the middle:
         # bisect makes O(log n) such lookups.
         i = bisect.bisect_right(items, (session, instance), key=lambda e: (e[0], e[1]))
-        return map(_view, [items[j] for j in range(i, len(items))])
+        stop = len(items) if limit is None else min(len(items), i + limit)
+        return map(_view, [items[j] for j in range(i, stop)])
+
+    def newest(self) -> Routed | None:
+        return _view(self._items[-1]) if self.size and self._items else None
 
     def newest_first(self) -> Iterator[Routed]:
         return map(_view, list(reversed(self._items))) if self.size else iter(())

@@ -146,6 +146,19 @@ def matches(pattern: tuple[bytes, ...], etype: tuple[bytes, ...]) -> bool:
     return len(pattern) == n
 
 
+def _patterns_take(
+    pats: dict[tuple[bytes, ...], int], etype: tuple[bytes, ...], to: bytes, lname: bytes
+) -> bool:
+    """Pattern subscriptions take a message on a matching type: broadcasts unless
+    meonly, directed ones when addressed to the subscriber or when promisc."""
+    for pat, st in pats.items():
+        if matches(pat, etype) and (
+            st == PROMISC or (st == NORMAL and to == STAR) or to == lname
+        ):
+            return True
+    return False
+
+
 class _LnameFactory:
     """lnames in the historical msgq format ``%x_%x@%s``: hex time, hex counter, host."""
 
@@ -324,12 +337,22 @@ class Router:
         if self._patterns:
             etype = event_type(group, instance)
             for ep, pats in self._patterns.items():
-                for pat, st in pats.items():
-                    if not matches(pat, etype):
-                        continue
-                    if st == PROMISC or (st == NORMAL and to == STAR) or to == ep.lname:
-                        out[ep] = None
+                if _patterns_take(pats, etype, to, ep.lname):
+                    out[ep] = None
         return tuple(out)
+
+    def pattern_receives(
+        self, endpoint: Endpoint, group: bytes, instance: bytes, to: bytes
+    ) -> bool:
+        """Would ``endpoint``'s pattern subscriptions take this message?
+
+        The live rule of :meth:`_recipients`, for adapters that replay
+        retained messages (Mariner ``last_event_id``) to a subscriber.
+        """
+        pats = self._patterns.get(endpoint)
+        return bool(pats) and _patterns_take(
+            pats, event_type(group, instance), to, endpoint.lname
+        )
 
     def recipients(
         self, group: bytes, instance: bytes, to: bytes, reply: bool

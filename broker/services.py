@@ -14,6 +14,7 @@ from typing import Any
 from broker.bridge_service import serve_bridges
 from broker.config import Config
 from broker.hsp_listener import serve_hsp
+from broker.mariner_listener import serve_mariner
 from broker.metrics_http import serve_metrics
 from broker.skan_listener import serve_skan
 
@@ -24,6 +25,7 @@ def services() -> list[Service]:
     return [
         ("skan", lambda c: True, serve_skan),
         ("hsp", lambda c: c.hsp.enabled, serve_hsp),
+        ("mariner", lambda c: c.mariner.enabled, serve_mariner),
         ("metrics", lambda c: c.metrics.enabled, serve_metrics),
         # Last: bridges dial out once every listener is up.
         ("bridges", lambda c: bool(c.bridges), serve_bridges),

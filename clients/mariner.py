@@ -1,0 +1,240 @@
+"""Trio client for Mariner (hat-event's JSON event feed), used by people and by the broker's bridge.
+
+    async with MarinerClient.connect("127.0.0.1", 23014, client_id="me",
+                                     subscriptions=[("sensors", "*")]) as client:
+        async for batch in client:          # one Hat session per batch
+            for event in batch:
+                print(event.id, event.type, event.payload)
+
+The client sends ``init`` on connect, answers pings, pings a silent server
+after ``ping_delay`` seconds and gives up after ``ping_timeout`` more.  The
+conversation rules and the codec are the sans-IO :mod:`wire.mariner`.
+Iteration ends when the server closes the connection; it raises
+:class:`MarinerClosed` when the connection ended on an error (protocol
+violation, ping timeout, or the broker's ``error`` message, e.g. a wrong
+token).  ``last_event_id`` is the id of the newest event handed out, for
+resuming with ``connect(..., last_event_id=...)``.
+
+Command line: ``python -m clients.mariner --port 23014 'sensors/*'`` prints
+every event as a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from wire import mariner as mw
+
+DEFAULT_PORT = 23014
+# Bytes asked of the socket per receive.
+RECV_SIZE = 65536
+
+
+class MarinerClosed(ConnectionError):
+    """The connection ended on an error; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MarinerClient:
+    """One connection to a Mariner server.  Use :meth:`connect`, then ``async with``."""
+
+    def __init__(self, stream: trio.abc.Stream, *, ping_delay: float, ping_timeout: float,
+                 max_message: int = 8 << 20, inbox: int = 1000) -> None:
+        self._stream = stream
+        self._conn = mw.MarinerConnection(mw.CLIENT, max_message)
+        self._ping_delay = ping_delay
+        self._ping_timeout = ping_timeout
+        self._send_lock = trio.Lock()
+        # Event batches wait here until iterated; when full, the reader stops
+        # reading, TCP pushes back and the server's slow-consumer policy decides.
+        self._inbox_send, self._inbox = trio.open_memory_channel[tuple[mw.Event, ...]](inbox)
+        self._last_rx = trio.current_time()
+        self.last_event_id: mw.EventId | None = None
+        # Why the connection ended (None while open, "" after a clean close by the server).
+        self.close_reason: str | None = None
+        self._failed = False
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        client_id: str,
+        client_token: str | None = None,
+        last_event_id: mw.EventId | None = None,
+        subscriptions: Iterable[Iterable[str]] = (),
+        ping_delay: float = 30.0,
+        ping_timeout: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[MarinerClient]:
+        """Connect, send init, and run the reader and pinger until the block exits."""
+        stream: trio.abc.Stream
+        if ssl_context is not None:
+            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        else:
+            stream = await trio.open_tcp_stream(host, port)
+        client = cls(stream, ping_delay=ping_delay, ping_timeout=ping_timeout, **kwargs)
+        client.last_event_id = last_event_id
+        try:
+            await client._send(mw.Init(
+                client_id=client_id,
+                client_token=client_token,
+                last_event_id=last_event_id,
+                subscriptions=tuple(tuple(s) for s in subscriptions),
+            ))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client._reader)
+                nursery.start_soon(client._pinger, nursery.cancel_scope)
+                yield client
+                nursery.cancel_scope.cancel()
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _send(self, msg: mw.Message) -> None:
+        data = self._conn.send(msg)
+        async with self._send_lock:
+            await self._stream.send_all(data)
+
+    async def ping(self) -> None:
+        await self._send(mw.Ping())
+
+    # ---- receiving -------------------------------------------------------
+
+    async def receive(self) -> tuple[mw.Event, ...]:
+        """The next batch of events (one Hat session); raises at the end of the connection."""
+        try:
+            batch = await self._inbox.receive()
+        except trio.EndOfChannel:
+            if self._failed:
+                raise MarinerClosed(self.close_reason or "closed") from None
+            raise
+        if batch:
+            self.last_event_id = batch[-1].id
+        return batch
+
+    def __aiter__(self) -> MarinerClient:
+        return self
+
+    async def __anext__(self) -> tuple[mw.Event, ...]:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def _end(self, reason: str, failed: bool) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+            self._failed = failed
+        self._inbox_send.close()
+
+    async def _reader(self) -> None:
+        try:
+            while True:
+                data = await self._stream.receive_some(RECV_SIZE)
+                if not data:
+                    self._end("", failed=False)
+                    return
+                self._last_rx = trio.current_time()
+                for msg in self._conn.receive_data(data):
+                    if isinstance(msg, mw.Events):
+                        await self._inbox_send.send(msg.events)
+                    elif isinstance(msg, mw.Ping):
+                        await self._send(mw.Pong())
+                    elif isinstance(msg, mw.Error):
+                        self._end(f"server error: {msg.error}", failed=True)
+                        return
+        except mw.ProtocolError as exc:
+            self._end(f"protocol error: {exc}", failed=True)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._end(f"connection lost: {exc or type(exc).__name__}", failed=True)
+        finally:
+            self._end("closed", failed=False)
+
+    async def _pinger(self, scope: trio.CancelScope) -> None:
+        while True:
+            idle_until = self._last_rx + self._ping_delay
+            now = trio.current_time()
+            if now < idle_until:
+                await trio.sleep(idle_until - now)
+                continue
+            pinged_at = trio.current_time()
+            try:
+                await self.ping()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            await trio.sleep(self._ping_timeout)
+            if self._last_rx < pinged_at:
+                self._end("ping timeout: the server did not answer", failed=True)
+                await trio.aclose_forcefully(self._stream)
+                return
+
+
+# ---- command line ------------------------------------------------------------
+
+
+def event_to_json(event: mw.Event) -> dict[str, Any]:
+    """An event as plain JSON (binary data base64), for printing."""
+    return mw.event_json(event)
+
+
+async def _subscribe(args: argparse.Namespace) -> None:
+    ctx = ssl.create_default_context(cafile=args.tls_ca) if args.tls else None
+    last = None
+    if args.last_event_id:
+        server, session, instance = (int(x) for x in args.last_event_id.split(","))
+        last = mw.EventId(server, session, instance)
+    patterns = [tuple(p.split("/")) for p in args.patterns]
+    async with MarinerClient.connect(
+        args.host, args.port, client_id=args.client_id, client_token=args.token,
+        last_event_id=last, subscriptions=patterns, ssl_context=ctx,
+    ) as client:
+        async for batch in client:
+            for event in batch:
+                print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m clients.mariner", description="Print Mariner events as JSON lines."
+    )
+    p.add_argument("patterns", nargs="+", help="event-type patterns, segments joined by '/' "
+                   "(e.g. 'sensors/*')")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--client-id", default="skan-mariner-cli")
+    p.add_argument("--token")
+    p.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE")
+    p.add_argument("--tls", action="store_true")
+    p.add_argument("--tls-ca")
+    args = p.parse_args(argv)
+    try:
+        trio.run(_subscribe, args)
+    except MarinerClosed as exc:
+        print(f"mariner: {exc.reason}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"mariner: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["MarinerClient", "MarinerClosed"]

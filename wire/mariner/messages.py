@@ -1,0 +1,365 @@
+"""Mariner messages: attrs types, a small explicit schema validator, JSON encoding.
+
+The schema is ``hat-event://mariner.yaml#`` (specs/mariner.txt): ping, pong,
+init and events.  :func:`decode_message` turns one message body (UTF-8 JSON)
+into a typed message or raises :class:`SchemaError` naming the field and
+what is wrong with it (``init.last_event_id.session must be an integer, not
+string``).  Properties the schema does not name are ignored, as a JSON
+Schema validator would.
+
+``error`` is a broker extension outside the schema: ``{"type": "error",
+"error": REASON}``, sent by the broker only immediately before it closes a
+connection, so a peer that does not know it loses nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import attrs
+
+
+class SchemaError(ValueError):
+    """A message body is not a valid Mariner message; the text says why."""
+
+
+@attrs.frozen(order=True)
+class EventId:
+    server: int
+    session: int
+    instance: int
+
+
+@attrs.frozen
+class Timestamp:
+    s: int
+    us: int
+
+
+@attrs.frozen
+class BinaryPayload:
+    data: bytes
+
+
+@attrs.frozen
+class JsonPayload:
+    data: Any
+
+
+@attrs.frozen
+class SbsPayload:
+    module: str | None
+    type: str
+    data: bytes
+
+
+Payload = BinaryPayload | JsonPayload | SbsPayload | None
+
+
+@attrs.frozen
+class Event:
+    id: EventId
+    type: tuple[str, ...]
+    timestamp: Timestamp
+    source_timestamp: Timestamp | None = None
+    payload: Payload = None
+
+
+@attrs.frozen
+class Ping:
+    pass
+
+
+@attrs.frozen
+class Pong:
+    pass
+
+
+@attrs.frozen
+class Init:
+    client_id: str
+    client_token: str | None = None
+    last_event_id: EventId | None = None
+    subscriptions: tuple[tuple[str, ...], ...] = ()
+
+
+@attrs.frozen
+class Events:
+    events: tuple[Event, ...]
+
+
+@attrs.frozen
+class Error:
+    """Broker extension: why the broker is about to close the connection."""
+
+    error: str
+
+
+Message = Ping | Pong | Init | Events | Error
+
+
+# ---- decoding and validation ------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _field(obj: dict[str, Any], key: str, path: str, hint: str = "") -> Any:
+    if key not in obj:
+        raise SchemaError(f"{path} needs the property '{key}'{hint}")
+    return obj[key]
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{path} must be an object, not {_kind(value)}")
+    return value
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{path} must be a string, not {_kind(value)}")
+    try:
+        # JSON escapes can spell lone surrogates ("\ud800"), which no UTF-8 can carry.
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(f"{path} is not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def _integer(value: Any, path: str) -> int:
+    # JSON true/false are Python ints; the schema's integer excludes them.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SchemaError(f"{path} must be an integer, not {_kind(value)}")
+    return value
+
+
+def _array(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise SchemaError(f"{path} must be an array, not {_kind(value)}")
+    return value
+
+
+def _base64(value: Any, path: str) -> bytes:
+    text = _string(value, path)
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        raise SchemaError(f"{path} must be base64 text") from None
+
+
+def decode_event_id(value: Any, path: str) -> EventId:
+    obj = _object(value, path)
+    return EventId(
+        _integer(_field(obj, "server", path), f"{path}.server"),
+        _integer(_field(obj, "session", path), f"{path}.session"),
+        _integer(_field(obj, "instance", path), f"{path}.instance"),
+    )
+
+
+def decode_event_type(value: Any, path: str) -> tuple[str, ...]:
+    return tuple(_string(seg, f"{path}[{i}]") for i, seg in enumerate(_array(value, path)))
+
+
+def decode_timestamp(value: Any, path: str) -> Timestamp:
+    obj = _object(value, path)
+    s = _integer(_field(obj, "s", path), f"{path}.s")
+    us = _integer(_field(obj, "us", path), f"{path}.us")
+    if not 0 <= us < 1_000_000:
+        raise SchemaError(f"{path}.us must be from 0 to 999999, not {us}")
+    return Timestamp(s, us)
+
+
+def decode_payload(value: Any, path: str) -> Payload:
+    if value is None:
+        return None
+    obj = _object(value, path)
+    ptype = _string(_field(obj, "type", path), f"{path}.type")
+    data = _field(obj, "data", path)
+    if ptype == "json":
+        return JsonPayload(data)
+    if ptype == "binary":
+        return BinaryPayload(_base64(data, f"{path}.data"))
+    if ptype == "sbs":
+        sbs = _object(data, f"{path}.data")
+        module = _field(sbs, "module", f"{path}.data", " (null is allowed)")
+        if module is not None:
+            _string(module, f"{path}.data.module")
+        return SbsPayload(
+            module,
+            _string(_field(sbs, "type", f"{path}.data"), f"{path}.data.type"),
+            _base64(_field(sbs, "data", f"{path}.data"), f"{path}.data.data"),
+        )
+    raise SchemaError(f"{path}.type must be 'json', 'binary' or 'sbs', not {ptype!r}")
+
+
+def decode_event(value: Any, path: str) -> Event:
+    obj = _object(value, path)
+    source = _field(obj, "source_timestamp", path, " (null is allowed)")
+    return Event(
+        id=decode_event_id(_field(obj, "id", path), f"{path}.id"),
+        type=decode_event_type(_field(obj, "type", path), f"{path}.type"),
+        timestamp=decode_timestamp(_field(obj, "timestamp", path), f"{path}.timestamp"),
+        source_timestamp=(
+            None if source is None else decode_timestamp(source, f"{path}.source_timestamp")
+        ),
+        payload=decode_payload(
+            _field(obj, "payload", path, " (null is allowed)"), f"{path}.payload"
+        ),
+    )
+
+
+def _decode_init(obj: dict[str, Any]) -> Init:
+    client_id = _string(_field(obj, "client_id", "init"), "init.client_id")
+    token = _field(obj, "client_token", "init", " (null is allowed)")
+    if token is not None:
+        _string(token, "init.client_token")
+    last = _field(obj, "last_event_id", "init", " (null is allowed)")
+    subs = _array(_field(obj, "subscriptions", "init"), "init.subscriptions")
+    return Init(
+        client_id=client_id,
+        client_token=token,
+        last_event_id=None if last is None else decode_event_id(last, "init.last_event_id"),
+        subscriptions=tuple(
+            decode_event_type(s, f"init.subscriptions[{i}]") for i, s in enumerate(subs)
+        ),
+    )
+
+
+def _decode_events(obj: dict[str, Any]) -> Events:
+    items = _array(_field(obj, "events", "events"), "events.events")
+    return Events(tuple(decode_event(e, f"events.events[{i}]") for i, e in enumerate(items)))
+
+
+def _no_constant(name: str) -> Any:
+    raise SchemaError(f"{name} is not valid JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict UTF-8 JSON (no NaN/Infinity), with readable errors."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"message is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"message is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise SchemaError("message is nested too deeply") from None
+
+
+def decode_message(body: bytes) -> Message:
+    """One message body -> a typed message; :class:`SchemaError` when invalid."""
+    obj = parse_json(body)
+    if not isinstance(obj, dict):
+        raise SchemaError(f"a message must be a JSON object, not {_kind(obj)}")
+    mtype = _field(obj, "type", "message")
+    if not isinstance(mtype, str):
+        raise SchemaError(f"message.type must be a string, not {_kind(mtype)}")
+    if mtype == "ping":
+        return Ping()
+    if mtype == "pong":
+        return Pong()
+    if mtype == "init":
+        return _decode_init(obj)
+    if mtype == "events":
+        return _decode_events(obj)
+    if mtype == "error":
+        return Error(_string(_field(obj, "error", "error"), "error.error"))
+    raise SchemaError(
+        f"unknown message type {mtype!r} (expected ping, pong, init or events)"
+    )
+
+
+# ---- encoding ----------------------------------------------------------------
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def event_id_json(eid: EventId) -> dict[str, int]:
+    return {"server": eid.server, "session": eid.session, "instance": eid.instance}
+
+
+def _timestamp_json(ts: Timestamp | None) -> dict[str, int] | None:
+    return None if ts is None else {"s": ts.s, "us": ts.us}
+
+
+def _payload_json(payload: Payload) -> dict[str, Any] | None:
+    if payload is None:
+        return None
+    if isinstance(payload, JsonPayload):
+        return {"type": "json", "data": payload.data}
+    if isinstance(payload, BinaryPayload):
+        return {"type": "binary", "data": base64.b64encode(payload.data).decode("ascii")}
+    return {
+        "type": "sbs",
+        "data": {
+            "module": payload.module,
+            "type": payload.type,
+            "data": base64.b64encode(payload.data).decode("ascii"),
+        },
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return {
+        "id": event_id_json(event.id),
+        "type": list(event.type),
+        "timestamp": _timestamp_json(event.timestamp),
+        "source_timestamp": _timestamp_json(event.source_timestamp),
+        "payload": _payload_json(event.payload),
+    }
+
+
+def encode_event(event: Event) -> str:
+    """One event as JSON text, for :func:`encode_events_body` (lets a server encode once)."""
+    return _dumps(event_json(event))
+
+
+def encode_events_body(encoded_events: list[str]) -> bytes:
+    """An ``events`` message body from events already encoded by :func:`encode_event`."""
+    return ('{"type":"events","events":[' + ",".join(encoded_events) + "]}").encode("utf-8")
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    if isinstance(msg, Ping):
+        return {"type": "ping"}
+    if isinstance(msg, Pong):
+        return {"type": "pong"}
+    if isinstance(msg, Init):
+        return {
+            "type": "init",
+            "client_id": msg.client_id,
+            "client_token": msg.client_token,
+            "last_event_id": None if msg.last_event_id is None else event_id_json(
+                msg.last_event_id
+            ),
+            "subscriptions": [list(s) for s in msg.subscriptions],
+        }
+    if isinstance(msg, Events):
+        return {"type": "events", "events": [event_json(e) for e in msg.events]}
+    return {"type": "error", "error": msg.error}
+
+
+def encode_message(msg: Message) -> bytes:
+    """A message body (UTF-8 JSON, no header)."""
+    return _dumps(message_json(msg)).encode("utf-8")
