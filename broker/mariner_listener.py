@@ -10,8 +10,8 @@ client goes out as one ``events`` message when the batch ends.
 with no gap and no duplicate at the seam: the subscriptions are made first
 (live deliveries from then on are held back), the newest retained id at
 that moment is the seam, the replay streams retained messages up to the
-seam page by page (waiting for the writer so a long replay never fills the
-queue), and the held live messages, all newer than the seam, follow.
+seam page by page (pausing while the queue is above its high-water mark,
+so a long replay never fills it), and the held live messages, all newer than the seam, follow.
 
 Mariner clients only receive.  Anything but ping/pong after init (a second
 init, an ``events`` message, an unknown type, invalid JSON or framing)
@@ -23,7 +23,6 @@ Mariner schema) so the peer can tell why.
 from __future__ import annotations
 
 import logging
-from itertools import islice
 
 import trio
 
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 # holds the event loop and the bytes it queues before waiting for the
 # writer (a page of ~1000 small events is a few hundred KiB).
 REPLAY_PAGE = 1000
-# How often a replay waiting for the writer checks the queue again.
-REPLAY_POLL = 0.005
 
 PING_FRAME = mw.encode_frame(mw.encode_message(mw.Ping()))
 PONG_FRAME = mw.encode_frame(mw.encode_message(mw.Pong()))
@@ -205,7 +202,10 @@ class MarinerEndpoint(QueuedEndpoint):
         self, cursor: tuple[int, int], seam: tuple[int, int]
     ) -> tuple[tuple[int, int], bool]:
         """Queue replayed events after ``cursor``: at most a page, and no more once the
-        queue is half full.  Returns the last id looked at and whether the seam was reached."""
+        queue is past its high-water mark.
+
+        Returns the last id looked at and whether the seam was reached.
+        """
         retention = self.retention
         assert retention is not None
         gone = retention.evicted_upto
@@ -217,7 +217,7 @@ class MarinerEndpoint(QueuedEndpoint):
                 self.lname.decode(), self.client_id, *gone,
             )
         takes = self.router.pattern_receives
-        budget = self.queue.limit // 2
+        q = self.queue
         batch: list[str] = []
         session = None
         looked = 0
@@ -230,7 +230,7 @@ class MarinerEndpoint(QueuedEndpoint):
                     # One events message per Hat session.
                     self._send_events(batch, live=False)
                     batch = []
-                    if self.queue.size >= budget:
+                    if q.size > q.high:
                         return cursor, False
                 session = routed.session
             cursor = rid
@@ -243,10 +243,13 @@ class MarinerEndpoint(QueuedEndpoint):
         return cursor, cursor >= seam or looked < REPLAY_PAGE
 
     async def _writer_caught_up(self) -> None:
+        """Checkpoint between replay steps; wait while the queue is above its high-water mark."""
         await trio.sleep(0)
-        while self.queue.size and not self.closed:
-            await trio.sleep(REPLAY_POLL)
-
+        q = self.queue
+        while q.size > q.high and not self.closed:
+            if self.drained is None:
+                self.drained = trio.Event()
+            await self.drained.wait()
 
 async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ctx.config

@@ -25,6 +25,7 @@ import argparse
 import json
 import ssl
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -60,6 +61,8 @@ class MarinerClient:
         # reading, TCP pushes back and the server's slow-consumer policy decides.
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[mw.Event, ...]](inbox)
         self._last_rx = trio.current_time()
+        # One event per ping sent, set by its pong (pongs come back in order).
+        self._pongs: deque[trio.Event] = deque()
         self.last_event_id: mw.EventId | None = None
         # Why the connection ended (None while open, "" after a clean close by the server).
         self.close_reason: str | None = None
@@ -96,11 +99,18 @@ class MarinerClient:
                 last_event_id=last_event_id,
                 subscriptions=tuple(tuple(s) for s in subscriptions),
             ))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._reader)
-                nursery.start_soon(client._pinger, nursery.cancel_scope)
-                yield client
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client._reader)
+                    nursery.start_soon(client._pinger)
+                    yield client
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The background tasks handle their own errors: an exception here
+                # comes from the caller's block; give it back unwrapped.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -109,8 +119,18 @@ class MarinerClient:
         async with self._send_lock:
             await self._stream.send_all(data)
 
-    async def ping(self) -> None:
+    async def ping(self) -> trio.Event:
+        """Send a ping; the returned event is set when its pong arrives (or the connection ends)."""
+        pong = trio.Event()
+        self._pongs.append(pong)
         await self._send(mw.Ping())
+        return pong
+
+    async def barrier(self) -> None:
+        """Return once the server has handled everything sent before (ping, then its pong)."""
+        await (await self.ping()).wait()
+        if self.close_reason is not None:
+            raise MarinerClosed(self.close_reason or "closed by the server")
 
     # ---- receiving -------------------------------------------------------
 
@@ -140,6 +160,8 @@ class MarinerClient:
             self.close_reason = reason
             self._failed = failed
         self._inbox_send.close()
+        while self._pongs:
+            self._pongs.popleft().set()
 
     async def _reader(self) -> None:
         try:
@@ -154,6 +176,9 @@ class MarinerClient:
                         await self._inbox_send.send(msg.events)
                     elif isinstance(msg, mw.Ping):
                         await self._send(mw.Pong())
+                    elif isinstance(msg, mw.Pong):
+                        if self._pongs:
+                            self._pongs.popleft().set()
                     elif isinstance(msg, mw.Error):
                         self._end(f"server error: {msg.error}", failed=True)
                         return
@@ -164,7 +189,7 @@ class MarinerClient:
         finally:
             self._end("closed", failed=False)
 
-    async def _pinger(self, scope: trio.CancelScope) -> None:
+    async def _pinger(self) -> None:
         while True:
             idle_until = self._last_rx + self._ping_delay
             now = trio.current_time()

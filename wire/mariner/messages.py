@@ -211,11 +211,15 @@ def decode_payload(value: Any, path: str) -> Payload:
 
 def decode_event(value: Any, path: str) -> Event:
     obj = _object(value, path)
+    # Checked in the schema's order, so the first fault is the one reported.
+    eid = decode_event_id(_field(obj, "id", path), f"{path}.id")
+    etype = decode_event_type(_field(obj, "type", path), f"{path}.type")
+    timestamp = decode_timestamp(_field(obj, "timestamp", path), f"{path}.timestamp")
     source = _field(obj, "source_timestamp", path, " (null is allowed)")
     return Event(
-        id=decode_event_id(_field(obj, "id", path), f"{path}.id"),
-        type=decode_event_type(_field(obj, "type", path), f"{path}.type"),
-        timestamp=decode_timestamp(_field(obj, "timestamp", path), f"{path}.timestamp"),
+        id=eid,
+        type=etype,
+        timestamp=timestamp,
         source_timestamp=(
             None if source is None else decode_timestamp(source, f"{path}.source_timestamp")
         ),
