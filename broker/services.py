@@ -16,6 +16,7 @@ from broker.config import Config
 from broker.hsp_listener import serve_hsp
 from broker.mariner_listener import serve_mariner
 from broker.metrics_http import serve_metrics
+from broker.routelog.service import serve_routelog
 from broker.skan_listener import serve_skan
 
 Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
@@ -23,6 +24,8 @@ Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
 
 def services() -> list[Service]:
     return [
+        # First: the log observes every message from the first one routed.
+        ("routelog", lambda c: c.log.enabled, serve_routelog),
         ("skan", lambda c: True, serve_skan),
         ("hsp", lambda c: c.hsp.enabled, serve_hsp),
         ("mariner", lambda c: c.mariner.enabled, serve_mariner),

@@ -51,12 +51,52 @@ def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
     return host, port
 
 
+class AdmissionGate:
+    """Lets components pause reading from every connection (back-pressure).
+
+    Routing is synchronous and must never block, so a component that cannot
+    keep up (the routing log's disk writer) closes the gate instead; every
+    connection's reader checks it before each ``receive_some`` and waits
+    while it is closed, so TCP pushes back on the senders.  Each component
+    closes and opens it under its own name; it is open when nobody holds it
+    closed.  ``waits`` counts the reads that had to wait.  Trio thread only.
+    """
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.waits = 0
+        self._holders: set[str] = set()
+        self._opened = trio.Event()
+        self._opened.set()
+
+    def close(self, holder: str) -> None:
+        self._holders.add(holder)
+        if not self.closed:
+            self.closed = True
+            self._opened = trio.Event()
+
+    def open(self, holder: str) -> None:
+        self._holders.discard(holder)
+        if self.closed and not self._holders:
+            self.closed = False
+            self._opened.set()
+
+    async def wait_open(self) -> None:
+        if self.closed:
+            self.waits += 1
+            await self._opened.wait()
+
+
 class Connections:
-    """Every live connection's stop hook, so a graceful shutdown can drain them all."""
+    """Every live connection's stop hook, so a graceful shutdown can drain them all.
+
+    ``gate`` is the admission gate every connection's reader honours.
+    """
 
     def __init__(self) -> None:
         self._stops: set[Callable[[], None]] = set()
         self.stopping = False
+        self.gate = AdmissionGate()
 
     def add(self, stop: Callable[[], None]) -> None:
         self._stops.add(stop)
@@ -194,8 +234,11 @@ async def run_connection(
                     extra_tasks(nursery)
                 if on_start is not None:
                     on_start()
+                gate = connections.gate
                 with reader_scope:
                     while ep.closing is None:
+                        if gate.closed:
+                            await gate.wait_open()
                         try:
                             data = await stream.receive_some(RECV_SIZE)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):

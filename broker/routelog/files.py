@@ -1,0 +1,232 @@
+"""The routing-log directory: file names, the owner lock, crash recovery, atomic files.
+
+Plain blocking file I/O, run only in the writer thread (and once at start-up).
+
+A file is written under a hidden temporary name (``.NAME.tmp``), then
+fsynced, renamed to ``NAME`` and the directory fsynced, so a reader that
+lists the directory (a Spark file-stream source skips names starting with
+``.`` or ``_``) only ever sees complete files.  A killed broker leaves its
+current file hidden; the next broker on that directory keeps its complete
+lines (truncating a torn last line) and publishes it under its final name.
+
+One broker owns a directory at a time: it holds an exclusive ``flock`` on
+``.lock``, so a second broker pointed at the same directory is refused
+rather than recovering (publishing) the first one's open file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+
+import attrs
+
+log = logging.getLogger(__name__)
+
+PREFIX = "routelog-"
+SUFFIX = ".jsonl"
+TMP_SUFFIX = ".tmp"
+LOCK_NAME = ".lock"
+# Recovery reads a torn file's tail backwards in blocks of this size to find its last newline.
+TAIL_BLOCK = 64 * 1024
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def final_name(server_id: int, opened: float, counter: int) -> str:
+    """``routelog-<server id>-<UTC open time>-<counter>.jsonl``: unique, sorts by time."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(opened))
+    micros = int(opened * 1_000_000) % 1_000_000
+    return f"{PREFIX}{server_id}-{stamp}.{micros:06d}Z-{counter:06d}{SUFFIX}"
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith("." + PREFIX) and name.endswith(SUFFIX + TMP_SUFFIX)
+
+
+class LogFile:
+    """One log file being written under its hidden name.
+
+    ``write`` is resumable: when ``os.write`` fails, what was not written stays
+    in ``pending`` and the next call continues from there, so a retry after a
+    transient error (disk full) never duplicates or skips bytes.
+    """
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.temp_path = os.path.join(directory, "." + name + TMP_SUFFIX)
+        self.path = os.path.join(directory, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            self.fd = os.open(self.temp_path, flags, 0o644)
+        except FileNotFoundError:
+            # The directory was removed while the broker runs: make it again.
+            os.makedirs(directory, exist_ok=True)
+            self.fd = os.open(self.temp_path, flags, 0o644)
+        self.renamed = False
+        self.opened = time.monotonic()
+        self.size = 0
+        self.records = 0
+        self.pending = memoryview(b"")
+
+    def write(self, data: bytes | None = None) -> None:
+        if data is not None:
+            assert not self.pending, "the previous write has not completed"
+            self.pending = memoryview(data)
+        while self.pending:
+            n = os.write(self.fd, self.pending)
+            self.size += n
+            self.pending = self.pending[n:]
+
+    def finish(self) -> None:
+        """fsync, rename to the final name, fsync the directory.  Retry-safe."""
+        self.write()
+        os.fsync(self.fd)
+        if not self.renamed:
+            try:
+                os.rename(self.temp_path, self.path)
+            except FileNotFoundError:
+                # The hidden file (or the whole directory) was removed under us; the
+                # open descriptor still holds the data: copy it into a new file.
+                self._rewrite_from_fd()
+            self.renamed = True
+        fsync_dir(self.directory)
+        os.close(self.fd)
+        self.fd = -1
+
+    def _rewrite_from_fd(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            offset = 0
+            while offset < self.size:
+                chunk = os.pread(self.fd, min(1 << 20, self.size - offset), offset)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+                offset += len(chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(self.temp_path, self.path)
+        log.warning("routing log file %s was removed while open; rewrote it", self.name)
+
+    def abandon(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@attrs.define
+class Recovery:
+    files: int = 0
+    torn_bytes: int = 0
+    removed_empty: int = 0
+
+
+class LogDirectory:
+    """The directory a broker writes its routing log into."""
+
+    def __init__(self, path: str, server_id: int) -> None:
+        self.path = path
+        self.server_id = server_id
+        self._counter = 0
+        self._lock_fd = -1
+        self._last_open = 0.0
+
+    def open(self) -> Recovery:
+        """Create the directory, take the owner lock, publish files a killed broker left.
+
+        Raises ``OSError`` with a readable message when the directory cannot
+        be used (not creatable, not writable, owned by another broker).
+        """
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            fd = os.open(os.path.join(self.path, LOCK_NAME),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OSError(exc.errno, f"routing log directory {self.path!r}: {exc.strerror}") \
+                from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise OSError(
+                    exc.errno,
+                    f"routing log directory {self.path!r} is in use by another broker "
+                    f"(it holds {LOCK_NAME}); give each broker its own [log] dir",
+                ) from None
+            raise
+        self._lock_fd = fd
+        return self.recover()
+
+    def recover(self) -> Recovery:
+        result = Recovery()
+        for name in sorted(os.listdir(self.path)):
+            if not is_temp(name):
+                continue
+            temp = os.path.join(self.path, name)
+            kept, torn = _truncate_torn_tail(temp)
+            result.torn_bytes += torn
+            if kept == 0:
+                os.unlink(temp)
+                result.removed_empty += 1
+                continue
+            os.rename(temp, os.path.join(self.path, name[1 : -len(TMP_SUFFIX)]))
+            result.files += 1
+        if result.files or result.removed_empty:
+            fsync_dir(self.path)
+            log.warning(
+                "routing log: published %d file(s) a previous broker left unfinished "
+                "(%d torn bytes dropped, %d empty removed)",
+                result.files, result.torn_bytes, result.removed_empty,
+            )
+        return result
+
+    def new_file(self) -> LogFile:
+        self._counter += 1
+        # Names carry the open time; never let two files share one (clock steps back).
+        now = max(time.time(), self._last_open + 1e-6)
+        self._last_open = now
+        return LogFile(self.path, final_name(self.server_id, now, self._counter))
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def _truncate_torn_tail(path: str) -> tuple[int, int]:
+    """Cut a file after its last newline and fsync it; returns (bytes kept, bytes cut)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - TAIL_BLOCK)
+            block = os.pread(fd, end - start, start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            end = start
+        if keep != size:
+            os.ftruncate(fd, keep)
+        os.fsync(fd)
+        return keep, size - keep
+    finally:
+        os.close(fd)
