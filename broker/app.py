@@ -39,7 +39,8 @@ async def run(
     ctx.components["retention"] = retention
     if ctx_out is not None:
         ctx_out.append(ctx)
-    stop = stop or trio.Event()
+    if stop is None:
+        stop = trio.Event()
     async with trio.open_nursery() as outer:
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:

@@ -1,6 +1,6 @@
 """The routing log: one JSON Lines record per routed message, in rotating files."""
 
-from broker.routelog.record import FIELDS, RecordFormatter, json_str
+from broker.routelog.record import FIELDS, RecordBuffer, format_records, json_str
 from broker.routelog.writer import RoutingLog
 
-__all__ = ["FIELDS", "RecordFormatter", "RoutingLog", "json_str"]
+__all__ = ["FIELDS", "RecordBuffer", "RoutingLog", "format_records", "json_str"]

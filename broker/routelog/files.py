@@ -56,8 +56,8 @@ def is_temp(name: str) -> bool:
 class LogFile:
     """One log file being written under its hidden name.
 
-    ``write`` is resumable: when ``os.write`` fails, what was not written stays
-    in ``pending`` and the next call continues from there, so a retry after a
+    Writes are resumable: when ``os.write`` fails, what was not written stays
+    in ``pending`` and :meth:`drain` continues from there, so a retry after a
     transient error (disk full) never duplicates or skips bytes.
     """
 
@@ -66,7 +66,8 @@ class LogFile:
         self.name = name
         self.temp_path = os.path.join(directory, "." + name + TMP_SUFFIX)
         self.path = os.path.join(directory, name)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        # Read-write: if the file is removed under us, its data is read back (see finish).
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             self.fd = os.open(self.temp_path, flags, 0o644)
         except FileNotFoundError:
@@ -79,10 +80,13 @@ class LogFile:
         self.records = 0
         self.pending = memoryview(b"")
 
-    def write(self, data: bytes | None = None) -> None:
-        if data is not None:
-            assert not self.pending, "the previous write has not completed"
-            self.pending = memoryview(data)
+    def write(self, data: bytes | memoryview) -> None:
+        """Write ``data``; after an ``OSError`` call :meth:`drain` to resume."""
+        assert not self.pending, "the previous write has not completed"
+        self.pending = memoryview(data)
+        self.drain()
+
+    def drain(self) -> None:
         while self.pending:
             n = os.write(self.fd, self.pending)
             self.size += n
@@ -90,7 +94,7 @@ class LogFile:
 
     def finish(self) -> None:
         """fsync, rename to the final name, fsync the directory.  Retry-safe."""
-        self.write()
+        self.drain()
         os.fsync(self.fd)
         if not self.renamed:
             try:

@@ -1,23 +1,17 @@
 """Routing-log records: one JSON Lines record per routed message (pure, no I/O).
 
-A record carries the fields of BROKER-SPEC section 6::
+A record carries the fields of BROKER-SPEC section 6, one line each::
 
     {"time_us":1718000000123456,"lname":"6650_1@host","proto":"skan","group":"g",
      "instance":"*","to":"*","seq":"17","size":93,"recipients":{"skan":2},
-     "delivered":2,"undeliverable":false,"event_session":1718..,"event_instance":3}
+     "delivered":2,"undeliverable":false}
 
 ``time_us`` is the routing time in Unix microseconds (an integer: formatting
-a float costs three times more), ``seq`` is empty if the message had none, ``size``
-the routed Skan frame in bytes (length prefix included, as the router counts
-it), ``recipients`` the copies handed to each protocol (the sender excluded),
-``event_session``/``event_instance`` the Hat EventId parts, unique per broker.
-
-Speed: the formatter runs once per routed message, so it uses a string
-template and caches every fragment that repeats: the sender part per
-endpoint, the group/instance/to part per routing key and the recipients
-map per recipient tuple (the router hands out the same cached tuple for
-every message of one routing key).  Only ``seq`` and the numbers change per
-record.  ``json.dumps`` of the whole record would cost several times more.
+a float costs three times more), ``lname``/``proto`` the sender's, ``seq`` is
+empty if the message had none, ``size`` the routed Skan frame in bytes
+(length prefix included, as the router counts it), ``recipients`` the copies
+handed to each protocol (the sender excluded; ``{}`` when none),
+``delivered`` their total and ``undeliverable`` true when it is 0.
 
 Escaping: DATA values are bytes.  Printable ASCII without ``"``/``\\`` goes
 in as is; anything else is decoded as UTF-8 and escaped by ``json``; bytes
@@ -29,24 +23,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from broker.router import Endpoint, Routed
 
 # Record fields, in the order they are written (the analytics schema must match).
 FIELDS = (
     "time_us", "lname", "proto", "group", "instance", "to", "seq", "size", "recipients",
-    "delivered", "undeliverable", "event_session", "event_instance",
+    "delivered", "undeliverable",
 )
 
 _PLAIN = re.compile(rb"[\x20\x21\x23-\x5b\x5d-\x7e]*\Z")
 
-# Cache bounds: each cache is simply cleared when full (rebuilding an entry
-# is one small string operation).  They bound memory when a broker sees
-# endless distinct senders, routing keys or subscription changes.
-SENDER_CACHE = 16_384
-KEY_CACHE = 65_536
-RECIPIENT_CACHE = 16_384
+# Bound of the per-(sender, routing key) fragment cache: it is simply
+# cleared when full (rebuilding an entry is a few string operations).  It
+# bounds memory when a broker sees endless distinct senders, routing keys or
+# subscription changes, and releases the endpoints and tuples it holds.
+PARTS_CACHE = 65_536
 
 
 def json_str(value: bytes) -> str:
@@ -69,99 +62,80 @@ def recipients_json(recipients: Iterable[Endpoint], sender: Endpoint | None = No
     return "{" + ",".join(f'"{p}":{n}' for p, n in sorted(counts.items())) + "}"
 
 
-class RecordFormatter:
-    """Turns :class:`Routed` messages into JSON Lines text, caching repeated parts."""
+class RecordBuffer:
+    """Router observer: formats each routed message into a line and buffers it.
 
-    def __init__(self) -> None:
-        self._senders: dict[Endpoint, str] = {}
-        self._keys: dict[tuple[bytes, bytes, bytes], str] = {}
-        # id(tuple) -> (tuple, fragment without sender); the entry keeps the
-        # tuple alive, so its id cannot be reused while it is cached.
-        self._recips: dict[int, tuple[tuple[Endpoint, ...], str]] = {}
-        self._recips_minus: dict[tuple[int, Endpoint], str] = {}
+    Formatting happens here, on the routing path, because it is cheaper
+    than handing the ``Routed`` objects to the writer thread: those hold
+    GC-tracked headers and endpoints, and keeping thousands of them alive
+    makes every garbage collection slower, while finished lines are plain
+    strings the collector ignores.  Everything that repeats is cached per
+    (sender, group, instance, to, recipient tuple): the prefix
+    ``"lname":..,"proto":..,"group":..,"instance":..,"to":..`` and the suffix
+    ``,"recipients":{..},"delivered":N,"undeliverable":..}``, so only the time,
+    ``seq`` and size are formatted per message.
 
-    def _sender(self, ep: Endpoint) -> str:
-        frag = self._senders.get(ep)
-        if frag is None:
-            if len(self._senders) >= SENDER_CACHE:
-                self._senders.clear()
-            frag = f'"lname":{json_str(ep.lname)},"proto":{json_str(ep.protocol.encode())}'
-            self._senders[ep] = frag
-        return frag
+    The recipient tuple is keyed by ``id``: the router hands out one tuple
+    per routing key until a subscription changes, and the cache entry holds
+    the tuple, so the id cannot be reused for another tuple while cached.
 
-    def _key(self, key: tuple[bytes, bytes, bytes]) -> str:
-        frag = self._keys.get(key)
-        if frag is None:
-            if len(self._keys) >= KEY_CACHE:
-                self._keys.clear()
-            group, instance, to = key
-            frag = f'"group":{json_str(group)},"instance":{json_str(instance)},"to":{json_str(to)}'
-            self._keys[key] = frag
-        return frag
+    ``on_full`` is called when ``limit`` lines are buffered; ``take`` empties
+    the buffer.
+    """
 
-    def _pin(self, recips: tuple[Endpoint, ...]) -> str:
-        """The cached fragment of a recipient tuple (cached by id, tuple kept alive)."""
-        entry = self._recips.get(id(recips))
-        if entry is None or entry[0] is not recips:
-            if len(self._recips) >= RECIPIENT_CACHE:
-                # Both caches go together: the second is keyed by the ids the first pins.
-                self._recips.clear()
-                self._recips_minus.clear()
-            entry = (recips, recipients_json(recips))
-            self._recips[id(recips)] = entry
-        return entry[1]
+    def __init__(self, limit: int, on_full: Callable[[], None]) -> None:
+        self.lines: list[str] = []
+        self.limit = limit
+        self.on_full = on_full
+        self._parts: dict[tuple, tuple[str, str, tuple[Endpoint, ...]]] = {}
 
-    def _recipients(self, routed: Routed) -> str:
+    def add(self, routed: Routed) -> None:
+        h = routed.header
         recips = routed.recipients
-        frag = self._pin(recips)
-        if routed.delivered == len(recips):
-            return frag
-        # The sender is among its own recipients (it subscribed to the group).
-        mkey = (id(recips), routed.sender)
-        frag = self._recips_minus.get(mkey)
-        if frag is None:
-            if len(self._recips_minus) >= RECIPIENT_CACHE:
-                self._recips_minus.clear()
-            frag = recipients_json(recips, routed.sender)
-            self._recips_minus[mkey] = frag
-        return frag
+        key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"], id(recips))
+        parts = self._parts.get(key) or self._new_parts(key, routed)
+        seq = h.get(b"seq")
+        sq = seq.decode() if type(seq) is bytes and seq.isdigit() else _seq(seq)
+        lines = self.lines
+        lines.append(
+            f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'
+            f'"size":{len(routed.frame)}{parts[1]}'
+        )
+        if len(lines) >= self.limit:
+            self.on_full()
 
-    @staticmethod
-    def _seq(seq: object) -> str:
-        """``seq`` string contents, escaped (without quotes); empty when absent."""
-        if type(seq) is not bytes:
-            return ""
-        return json_str(seq)[1:-1]
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
 
-    def format(self, batch: Iterable[Routed]) -> str:
-        """JSON Lines text (one line per message, each ending in a newline)."""
-        senders = self._senders
-        keys = self._keys
-        recips_cache = self._recips
-        lines = []
-        append = lines.append
-        for r in batch:
-            h = r.header
-            sender = r.sender
-            sfrag = senders.get(sender) or self._sender(sender)
-            key = (h[b"group"], h[b"instance"], h[b"to"])
-            kfrag = keys.get(key) or self._key(key)
-            recips = r.recipients
-            d = r.delivered
-            entry = recips_cache.get(id(recips))
-            if entry is not None and d == len(recips):
-                rfrag = entry[1]
-            else:
-                rfrag = self._recipients(r)
-            seq = h.get(b"seq")
-            if type(seq) is bytes and seq.isdigit():
-                sq = seq.decode()
-            else:
-                sq = self._seq(seq)
-            append(
-                f'{{"time_us":{int(r.timestamp * 1e6)},{sfrag},{kfrag},"seq":"{sq}",'
-                f'"size":{len(r.frame)},"recipients":{rfrag},"delivered":{d},'
-                f'"undeliverable":{"false" if d else "true"},'
-                f'"event_session":{r.session},"event_instance":{r.instance}}}\n'
-            )
-        return "".join(lines)
+    def _new_parts(self, key: tuple, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
+        if len(self._parts) >= PARTS_CACHE:
+            self._parts.clear()
+        sender, group, instance, to, _ = key
+        prefix = (
+            f'"lname":{json_str(sender.lname)},"proto":{json_str(sender.protocol.encode())},'
+            f'"group":{json_str(group)},"instance":{json_str(instance)},"to":{json_str(to)}'
+        )
+        d = routed.delivered
+        suffix = (
+            f',"recipients":{recipients_json(routed.recipients, sender)},"delivered":{d},'
+            f'"undeliverable":{"false" if d else "true"}}}\n'
+        )
+        parts = (prefix, suffix, routed.recipients)
+        self._parts[key] = parts
+        return parts
+
+
+def _seq(seq: object) -> str:
+    """``seq`` string contents, escaped (without quotes); empty when absent."""
+    if type(seq) is not bytes:
+        return ""
+    return json_str(seq)[1:-1]
+
+
+def format_records(batch: Iterable[Routed]) -> str:
+    """JSON Lines text for some routed messages (tests, benchmarks, tools)."""
+    buf = RecordBuffer(1 << 62, lambda: None)
+    for routed in batch:
+        buf.add(routed)
+    return "".join(buf.take())

@@ -9,6 +9,7 @@ publishes the last file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import trio
@@ -37,10 +38,8 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
             gate.open(GATE_HOLDER)
 
     def request_open() -> None:  # writer thread
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(reopen)
-        except trio.RunFinishedError:
-            pass
 
     routelog = RoutingLog(
         directory,
@@ -70,4 +69,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
     task_status.started([])
     while True:
         await trio.sleep(HANDOFF_INTERVAL)
+        if routelog.failure is not None:
+            # Fail-stop: a broker that cannot log would hold its input back forever.
+            raise RuntimeError("the routing log writer failed") from routelog.failure
         routelog.handoff()

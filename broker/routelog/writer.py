@@ -1,13 +1,14 @@
 """The routing log: a router observer feeding a writer thread through a bounded queue.
 
-Routing path (trio thread): :meth:`RoutingLog.observe` appends the ``Routed``
-object to a pending list, nothing else.  Every ``handoff_size`` records (and
-on a short timer, see :mod:`broker.routelog.service`) the pending list is
-handed to the writer thread as one batch.
+Routing path (trio thread): the observer (:class:`.record.RecordBuffer`)
+formats each routed message into one JSON line and buffers it.  Every
+``handoff_size`` records (and on a short timer, see
+:mod:`broker.routelog.service`) the buffered lines go to the writer thread
+as one batch.
 
-Writer thread: formats a batch into JSON Lines (:mod:`.record`), writes it
-with one ``os.write`` (the GIL is released during the syscall), rotates by
-size and by age, and publishes finished files atomically (:mod:`.files`).
+Writer thread: joins a batch and writes it with one ``os.write`` (the GIL is
+released during the syscall), rotates by size and by age, and publishes
+finished files atomically (:mod:`.files`).
 
 Back-pressure: the observer always accepts (routing is synchronous and must
 not block).  When more than ``queue_records`` records wait for the disk, the
@@ -28,9 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.router import Routed, Router
 from broker.routelog.files import LogDirectory, LogFile, Recovery
-from broker.routelog.record import RecordFormatter
+from broker.routelog.record import RecordBuffer
+from broker.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,6 @@ class RoutingLog:
         self.handoff_size = max(1, min(MAX_HANDOFF, queue_records // 4))
         self._close_gate = close_gate
         self._request_open = request_open
-        self.formatter = RecordFormatter()
         self.recovery = Recovery()
         # Counters (ints updated by one thread each, read anywhere).
         self.handed = 0
@@ -92,12 +92,14 @@ class RoutingLog:
         self.lost = 0
         self.backpressure_closes = 0
         self.gate_closed = False
+        # Set when the writer thread died of an unexpected exception.
+        self.failure: BaseException | None = None
         self.waits_source: Callable[[], int] = lambda: 0
-        self._pending: list[Routed] = []
-        self._queue: queue.SimpleQueue[list[Routed] | None] = queue.SimpleQueue()
+        self.buffer = RecordBuffer(self.handoff_size, self.handoff)
+        self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
         self._file: LogFile | None = None
         self._stopping = False
-        self._last_written_ts = time.time()
+        self._last_written = time.time()
         self._thread = threading.Thread(target=self._run, name="routelog-writer", daemon=True)
 
     # ---- trio thread ------------------------------------------------------
@@ -106,21 +108,14 @@ class RoutingLog:
         self._thread.start()
 
     def attach(self, router: Router) -> None:
-        router.observers.append(self.observe)
-
-    def observe(self, routed: Routed) -> None:
-        """Router observer: O(1), never blocks, never fails."""
-        pending = self._pending
-        pending.append(routed)
-        if len(pending) >= self.handoff_size:
-            self.handoff()
+        """Register the observer: it never blocks and never fails."""
+        router.observers.append(self.buffer.add)
 
     def handoff(self) -> None:
-        """Give the pending records to the writer; close the gate past the bound."""
-        pending = self._pending
-        if not pending:
+        """Give the buffered lines to the writer; close the gate past the bound."""
+        if not self.buffer.lines:
             return
-        self._pending = []
+        pending = self.buffer.take()
         self.handed += len(pending)
         self._queue.put(pending)
         if not self.gate_closed and self.handed - self.records > self.queue_records:
@@ -147,14 +142,17 @@ class RoutingLog:
 
     @property
     def queued(self) -> int:
-        return self.handed + len(self._pending) - self.records - self.lost
+        return self.handed + len(self.buffer.lines) - self.records - self.lost
 
     @property
     def lag_seconds(self) -> float:
-        """Seconds since the routing time of the newest written record, while records wait."""
+        """While records wait: seconds since the writer last caught up (else 0).
+
+        An upper bound of the age of the oldest record not yet written.
+        """
         if not self.queued:
             return 0.0
-        return max(0.0, time.time() - self._last_written_ts)
+        return max(0.0, time.time() - self._last_written)
 
     @property
     def backpressure_waits(self) -> int:
@@ -186,23 +184,42 @@ class RoutingLog:
                 self._finish()
         except _GiveUp:
             pass
-        except Exception:
+        except BaseException as exc:
+            # A bug, not a disk error: the service sees it and stops the broker.
             log.exception("routing log writer failed")
-            raise
+            self.failure = exc
 
-    def _write(self, batch: list[Routed]) -> None:
-        data = self.formatter.format(batch).encode("utf-8", "surrogateescape")
-        f = self._file
-        if f is not None and f.size and f.size + len(data) > self.rotate_bytes:
-            self._finish()
-            f = None
-        if f is None:
-            f = self._retry(self.directory.new_file, "open a log file")
-            self._file = f
-        self._retry(lambda: f.write(data), f"write {f.name}")
-        f.records += len(batch)
-        self.records += len(batch)
-        self._last_written_ts = batch[-1].timestamp
+    def _write(self, batch: list[str]) -> None:
+        data = memoryview("".join(batch).encode())
+        whole = True  # the batch went into one file: its line count is len(batch)
+        while data:
+            f = self._file
+            if f is None:
+                f = self._file = self._retry(self.directory.new_file, "open a log file")
+            room = self.rotate_bytes - f.size
+            if len(data) <= room:
+                chunk, data = data, data[len(data):]
+            else:
+                # Fill this file up to the last whole line that fits, then rotate.
+                cut = bytes(data[:room]).rfind(b"\n") + 1
+                whole = False
+                if cut == 0 and f.size:
+                    self._finish()
+                    continue
+                if cut == 0:  # one line longer than rotate_bytes: a file of its own
+                    cut = bytes(data).find(b"\n") + 1
+                chunk, data = data[:cut], data[cut:]
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                self._retry(f.drain, f"write {f.name}", exc)
+            n = len(batch) if whole else bytes(chunk).count(b"\n")
+            f.records += n
+            self.records += n
+            if f.size >= self.rotate_bytes:
+                self._finish()
+        if self.handed == self.records:
+            self._last_written = time.time()
 
     def _finish(self) -> None:
         f = self._file
@@ -211,34 +228,43 @@ class RoutingLog:
         self._file = None
         self.files += 1
 
-    def _retry(self, step: Callable[[], Any], what: str) -> Any:
+    def _retry(self, step: Callable[[], Any], what: str, first: OSError | None = None) -> Any:
+        """Run ``step`` until it succeeds; ``first`` is the error of an attempt already made.
+
+        Disk errors (full, quota, I/O) are retried with capped backoff; the
+        records stay queued meanwhile and back-pressure holds routing back.
+        """
         delay = RETRY_FIRST
-        failing_since = None
+        failing_since: float | None = None
+        error = first
         while True:
-            try:
-                result = step()
-            except OSError as exc:
-                self.errors += 1
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                    log.error("routing log: cannot %s: %s; retrying (routing is held back "
-                              "once the queue is full)", what, exc)
-                if self._stopping and now - failing_since > STOP_RETRY_SECONDS:
-                    lost = self.handed - self.records
-                    self.lost += lost
-                    log.error("routing log: giving up at stop after %.0f s of errors; "
-                              "%d record(s) not written", now - failing_since, lost)
-                    if self._file is not None:
-                        self._file.abandon()
-                    raise _GiveUp from exc
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
-                continue
-            if failing_since is not None:
-                log.warning("routing log: %s succeeded after %.1f s", what,
-                            time.monotonic() - failing_since)
-            return result
+            if error is None:
+                try:
+                    result = step()
+                except OSError as exc:
+                    error = exc
+                else:
+                    if failing_since is not None:
+                        log.warning("routing log: %s succeeded after %.1f s", what,
+                                    time.monotonic() - failing_since)
+                    return result
+            self.errors += 1
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+                log.error("routing log: cannot %s: %s; retrying (input is held back once "
+                          "the queue is full)", what, error)
+            if self._stopping and now - failing_since > STOP_RETRY_SECONDS:
+                lost = self.handed - self.records
+                self.lost += lost
+                log.error("routing log: giving up at stop after %.0f s of errors; "
+                          "%d record(s) not written", now - failing_since, lost)
+                if self._file is not None:
+                    self._file.abandon()
+                raise _GiveUp from error
+            error = None
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
 
 
 class _GiveUp(Exception):
