@@ -8,6 +8,9 @@ BROKER-SPEC section 3:
   tag ``payload-type``; DATA that is not UTF-8 becomes a binary payload.
 - EventId = (server_id, session, instance) and one timestamp per routed
   message, assigned by the router, identical on every protocol.
+- An event's source timestamp travels in the routing tag ``source-timestamp``
+  as decimal seconds with six decimals ("1700000000.250000"); a message
+  without it (or with a value that is not such a number) has none.
 
 Pure: no trio, no protocol encoding (adapters turn :class:`Event` into SBS
 or JSON).
@@ -25,6 +28,7 @@ from broker.router import STAR, Routed
 from wire.skan import Nested, encode_frame, item_bytes
 
 PAYLOAD_TYPE_TAG = b"payload-type"
+SOURCE_TIMESTAMP_TAG = b"source-timestamp"
 # Type name of a binary payload made from a msg that is not JSON-representable
 # as a whole (non-UTF-8 DATA nested in a HASH/LIST): the data is the Skan
 # item encoding of ``msg``.
@@ -225,13 +229,33 @@ def json_to_skan(value: Any, path: str = "payload") -> Any:
 # ---- both directions ------------------------------------------------------
 
 
+def format_timestamp(t: float) -> bytes:
+    """Decimal seconds with microsecond precision, as the ``source-timestamp`` tag holds them."""
+    us = round(t * 1_000_000)
+    sign = "-" if us < 0 else ""
+    s, frac = divmod(abs(us), 1_000_000)
+    return f"{sign}{s}.{frac:06d}".encode()
+
+
+def source_timestamp(header: dict[bytes, Any]) -> float | None:
+    """The ``source-timestamp`` tag of a routing header, or None."""
+    raw = header.get(SOURCE_TIMESTAMP_TAG)
+    if type(raw) is not bytes:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def event_from_routed(routed: Routed, server_id: int) -> Event:
     header = routed.header
     return Event(
         id=EventId(server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
         timestamp=routed.timestamp,
-        source_timestamp=None,
+        source_timestamp=source_timestamp(header),
         payload=payload_from_routed(routed),
     )
 
@@ -242,6 +266,7 @@ def send_frame_for_event(
     *,
     sender: bytes,
     seq: int,
+    source_timestamp: float | None = None,
     extra: dict[bytes, bytes] | None = None,
 ) -> bytes:
     """Build the Skan ``send`` frame an adapter routes for an incoming event.
@@ -265,6 +290,8 @@ def send_frame_for_event(
         message[b"msg"] = json_to_skan(payload.data)
     else:
         message[b"msg"] = None
+    if source_timestamp is not None:
+        message[SOURCE_TIMESTAMP_TAG] = format_timestamp(source_timestamp)
     if extra:
         message.update(extra)
     return encode_frame(message)

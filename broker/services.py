@@ -13,6 +13,7 @@ from typing import Any
 
 from broker.bridge_service import serve_bridges
 from broker.config import Config
+from broker.eventer_listener import serve_eventer
 from broker.hsp_listener import serve_hsp
 from broker.mariner_listener import serve_mariner
 from broker.metrics_http import serve_metrics
@@ -28,6 +29,7 @@ def services() -> list[Service]:
         ("routelog", lambda c: c.log.enabled, serve_routelog),
         ("skan", lambda c: True, serve_skan),
         ("hsp", lambda c: c.hsp.enabled, serve_hsp),
+        ("eventer", lambda c: c.eventer.enabled, serve_eventer),
         ("mariner", lambda c: c.mariner.enabled, serve_mariner),
         ("metrics", lambda c: c.metrics.enabled, serve_metrics),
         # Last: bridges dial out once every listener is up.
