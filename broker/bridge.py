@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -70,6 +71,21 @@ class BufferedBridgeEndpoint(Endpoint):
         while not self.pending:
             self._ready = trio.Event()
             await self._ready.wait()
+
+
+# Seconds to establish TCP (and TLS) before a bridge's attempt counts as failed.
+CONNECT_TIMEOUT = 10.0
+
+
+async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
+    """Dial a bridge's peer: TCP, or TLS verified against ``tls_ca`` (system CAs if unset)."""
+    host, port = cfg.host_port()
+    with trio.move_on_after(CONNECT_TIMEOUT):
+        if cfg.tls:
+            ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+            return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
+        return await trio.open_tcp_stream(host, port)
+    raise TimeoutError(f"no connection to {cfg.address} within {CONNECT_TIMEOUT}s")
 
 
 def bridge_name(index: int, cfg: BridgeSection) -> str:

@@ -21,6 +21,7 @@ from broker.bridge import BridgeStatus, bridge_name
 from broker.config import BridgeSection
 from broker.context import BrokerContext
 from broker.hsp_bridge import run_hsp_bridge
+from broker.mariner_bridge import run_mariner_bridge
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ BridgeRunner = Callable[[BrokerContext, BridgeSection, BridgeStatus], Awaitable[
 # protocol -> runner.  The Eventer and Mariner bridges add theirs here.
 RUNNERS: dict[str, BridgeRunner] = {
     "hsp": run_hsp_bridge,
+    "mariner": run_mariner_bridge,
 }
 
 

@@ -27,13 +27,12 @@ and the connection is dropped when no byte arrives within
 from __future__ import annotations
 
 import logging
-import ssl
 from collections import OrderedDict
 from typing import Any
 
 import trio
 
-from broker.bridge import BridgeStatus, BufferedBridgeEndpoint, run_bridge
+from broker.bridge import BridgeStatus, BufferedBridgeEndpoint, open_bridge_stream, run_bridge
 from broker.config import BridgeSection
 from broker.connection import OutQueue
 from broker.context import BrokerContext
@@ -62,8 +61,6 @@ log = logging.getLogger(__name__)
 # and the bytes queued towards a slow peer; large enough to keep a LAN link
 # busy while ACKs travel back.
 WINDOW = 1000
-# Seconds to establish TCP (and TLS) before the attempt counts as failed.
-CONNECT_TIMEOUT = 10.0
 # Outgoing bytes queued before the sender waits for the socket: DATA_ACKs
 # stop being produced above this, ACKs/PONGs are small and always queued.
 HIGH_WATER = 1 << 20
@@ -146,17 +143,8 @@ class HSPBridge:
 
     # ---- one connection -------------------------------------------------------
 
-    async def _connect(self) -> trio.abc.Stream:
-        host, port = self.cfg.host_port()
-        with trio.move_on_after(CONNECT_TIMEOUT):
-            if self.cfg.tls:
-                ctx = ssl.create_default_context(cafile=self.cfg.tls_ca)
-                return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
-            return await trio.open_tcp_stream(host, port)
-        raise TimeoutError(f"no connection to {self.cfg.address} within {CONNECT_TIMEOUT}s")
-
     async def session(self, status: BridgeStatus) -> None:
-        stream = await self._connect()
+        stream = await open_bridge_stream(self.cfg)
         conn = _Link(self, stream)
         status.up = True
         status.connects += 1

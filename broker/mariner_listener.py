@@ -277,7 +277,8 @@ async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
 
         await run_connection(
             stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout, extra_tasks=tasks,
+            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
+            extra_tasks=tasks,
         )
 
     task_status.started([("mariner", *listener_address(lst)) for lst in listeners])

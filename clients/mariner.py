@@ -75,24 +75,39 @@ class MarinerClient:
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
         *,
+        ssl_context: ssl.SSLContext | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[MarinerClient]:
+        """Connect, send init, and run the reader and pinger until the block exits.
+
+        Keyword arguments are those of :meth:`over`.
+        """
+        stream: trio.abc.Stream
+        if ssl_context is not None:
+            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        else:
+            stream = await trio.open_tcp_stream(host, port)
+        async with cls.over(stream, **kwargs) as client:
+            yield client
+
+    @classmethod
+    @asynccontextmanager
+    async def over(
+        cls,
+        stream: trio.abc.Stream,
+        *,
         client_id: str,
         client_token: str | None = None,
         last_event_id: mw.EventId | None = None,
         subscriptions: Iterable[Iterable[str]] = (),
         ping_delay: float = 30.0,
         ping_timeout: float = 10.0,
-        ssl_context: ssl.SSLContext | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[MarinerClient]:
-        """Connect, send init, and run the reader and pinger until the block exits."""
-        stream: trio.abc.Stream
-        if ssl_context is not None:
-            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-        else:
-            stream = await trio.open_tcp_stream(host, port)
-        client = cls(stream, ping_delay=ping_delay, ping_timeout=ping_timeout, **kwargs)
-        client.last_event_id = last_event_id
+        """Run a client over an open stream (closed when the block exits)."""
         try:
+            client = cls(stream, ping_delay=ping_delay, ping_timeout=ping_timeout, **kwargs)
+            client.last_event_id = last_event_id
             await client._send(mw.Init(
                 client_id=client_id,
                 client_token=client_token,
@@ -112,7 +127,8 @@ class MarinerClient:
                     raise group.exceptions[0] from None
                 raise
         finally:
-            await trio.aclose_forcefully(stream)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
 
     async def _send(self, msg: mw.Message) -> None:
         data = self._conn.send(msg)

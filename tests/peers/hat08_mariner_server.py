@@ -54,7 +54,8 @@ async def main(args):
     server = await mariner.listen(tcp.Address("127.0.0.1", 0), on_connection,
                                   ping_delay=args.ping_delay, ping_timeout=2,
                                   subscriptions=[("*",)])
-    out({"listening": server.addresses[0].port})
+    # hat.event.mariner.Server keeps its tcp.Server private; its address is there.
+    out({"listening": server._server.addresses[0].port})
     loop = asyncio.get_running_loop()
     while True:
         line = await loop.run_in_executor(None, sys.stdin.readline)
