@@ -20,6 +20,7 @@ import trio
 from broker.bridge import BridgeStatus, bridge_name
 from broker.config import BridgeSection
 from broker.context import BrokerContext
+from broker.eventer_bridge import run_eventer_bridge
 from broker.hsp_bridge import run_hsp_bridge
 from broker.mariner_bridge import run_mariner_bridge
 
@@ -27,10 +28,11 @@ log = logging.getLogger(__name__)
 
 BridgeRunner = Callable[[BrokerContext, BridgeSection, BridgeStatus], Awaitable[None]]
 
-# protocol -> runner.  The Eventer and Mariner bridges add theirs here.
+# protocol -> runner.
 RUNNERS: dict[str, BridgeRunner] = {
     "hsp": run_hsp_bridge,
     "mariner": run_mariner_bridge,
+    "eventer": run_eventer_bridge,
 }
 
 
