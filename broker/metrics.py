@@ -193,8 +193,8 @@ class BrokerCollector(Collector):
         yield dropped
 
     def _queues(self, router: Router) -> Iterator[Metric]:
-        total: dict[str, int] = {}
-        largest: dict[str, int] = {}
+        total = dict.fromkeys(self.protocols, 0)
+        largest = dict.fromkeys(self.protocols, 0)
         for ep in list(router.endpoints.values()):
             queue = getattr(ep, "queue", None)
             size = getattr(queue, "size", None)
