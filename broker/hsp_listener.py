@@ -64,6 +64,9 @@ MALFORMED = 1
 REJECTED = 2
 TOO_LARGE = 3
 NOT_AUTHORISED = 4
+# Metric label (skan_protocol_errors_total reason) per ERROR code.
+ERROR_REASONS = {MALFORMED: "malformed", REJECTED: "rejected", TOO_LARGE: "too-large",
+                 NOT_AUTHORISED: "not-authorised"}
 
 # Every delivery is DATA Type 1: these 3 bytes, then the Skan frame as routed
 # (its 4-byte length prefix is HSP's Length field).
@@ -120,13 +123,13 @@ class HSPClientConnection(QueuedEndpoint):
         self.enqueue(self.hsp.send(Ping()))
 
     def _answer_error(self, mid: int, code: int, reason: str) -> None:
-        self.router.counters.protocol_errors += 1
+        self.router.counters.protocol_error("hsp", ERROR_REASONS.get(code, "error"))
         errors = self.counters.errors
         errors[code] = errors.get(code, 0) + 1
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
-    def _data_error(self, rejected: Rejected) -> None:
-        self.router.counters.protocol_errors += 1
+    def _data_error(self, rejected: Rejected, kind: str = "rejected") -> None:
+        self.router.counters.protocol_error("hsp", kind)
         self.counters.data_errors += 1
         self.enqueue(self.encode_control(rejected.error_message()))
 
@@ -139,7 +142,8 @@ class HSPClientConnection(QueuedEndpoint):
             self._apply(exc.events)
             if self.closing is None:
                 self.counters.protocol_violations += 1
-                self._data_error(Rejected(f"HSP protocol error: {exc.reason}"))
+                self._data_error(Rejected(f"HSP protocol error: {exc.reason}"),
+                                 "protocol-violation")
                 self.closing = "protocol-error"
             return
         self._apply(events)
@@ -151,14 +155,16 @@ class HSPClientConnection(QueuedEndpoint):
             if t is Data:
                 if ev.type != SKAN_TYPE:
                     self.counters.unknown_type_dropped += 1
-                    self.router.counters.protocol_errors += 1
+                    self.router.counters.protocol_error("hsp", "unknown-type")
                     continue
+                kind = "rejected"
                 try:
                     rejected = handle(ev.framed)
                 except SkanError as exc:
                     rejected = Rejected(f"malformed Skan message: {exc}")
+                    kind = "malformed"
                 if rejected is not None:
-                    self._data_error(rejected)
+                    self._data_error(rejected, kind)
                     if rejected.close:
                         self.closing = "protocol-error"
                         return
@@ -174,7 +180,7 @@ class HSPClientConnection(QueuedEndpoint):
                     self._answer_error(ev.message_id, TOO_LARGE, reason)
                 else:
                     self.counters.oversized_data += 1
-                    self._data_error(Rejected(reason))
+                    self._data_error(Rejected(reason), "too-large")
             # Pong: any received byte already counts as liveness (last_rx).
             # Ack/Error/ErrorUndef cannot get here: the broker never sends
             # DATA_ACK to a listener client, so the state machine refuses them.

@@ -99,7 +99,7 @@ class MarinerEndpoint(QueuedEndpoint):
 
     def _fatal(self, reason: str) -> None:
         log.info("mariner %s (%s): closing: %s", self.lname.decode(), self.client_id, reason)
-        self.router.counters.protocol_errors += 1
+        self.router.counters.protocol_error("mariner", "bad-message")
         self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
         self.closing = "protocol-error"
 
@@ -110,7 +110,7 @@ class MarinerEndpoint(QueuedEndpoint):
                 "mariner %s: client %r refused: client_token does not match",
                 self.lname.decode(), init.client_id,
             )
-            self.router.counters.protocol_errors += 1
+            self.router.counters.protocol_error("mariner", "not-authorised")
             self.enqueue(
                 mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
             )

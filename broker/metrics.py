@@ -303,6 +303,18 @@ class BrokerCollector(Collector):
         yield _counter("skan_routelog_backpressure_waits",
                        "Times routing waited for the routing-log writer (disk slower than "
                        "traffic).", getattr(log, "backpressure_waits", 0))
+        yield _counter("skan_routelog_backpressure_closes",
+                       "Times the routing log closed its admission gate (backlog over "
+                       "[log] queue_records).", getattr(log, "backpressure_closes", 0))
+        yield _counter("skan_routelog_errors",
+                       "Routing-log disk operations that failed and were retried.",
+                       getattr(log, "errors", 0))
+        yield _counter("skan_routelog_lost_records",
+                       "Routing-log records given up at stop because the disk kept failing.",
+                       getattr(log, "lost", 0))
+        yield _gauge("skan_routelog_writer_failed",
+                     "1 once the routing-log writer has stopped on an unexpected error.",
+                     0 if getattr(log, "failure", None) is None else 1)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -14,6 +14,8 @@ from broker.router import Router
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.metrics.httpc import samples, scrape, value
+from tests.rawhsp import RawHSP
+from tests.rawmariner import RawMariner
 from tests.rawskan import RawSkan
 from wire.skan import encode_frame
 
@@ -221,3 +223,35 @@ def test_bridge_status_and_buffer_series():
                  reason="bridge-buffer-full") == 1
     assert value(data, "skan_connections_open", protocol="bridge-hsp") == 1
     assert value(data, "skan_messages_received_total", protocol="bridge-mariner") == 3
+
+
+async def test_hsp_and_mariner_errors_carry_protocol_and_reason(mbroker):
+    addr = mbroker.addr["metrics"]
+    before = await scrape(addr)
+
+    def delta(data, protocol: str, reason: str) -> float:
+        key = ("skan_protocol_errors_total",
+               frozenset({"protocol": protocol, "reason": reason}.items()))
+        return data.get(key, 0) - before.get(key, 0)
+
+    hsp = await RawHSP.open(mbroker.addr["hsp"])
+    await hsp.getlname()
+    await hsp.data({"type": "getlname"}, type=7)  # DATA of an unknown Type: dropped, counted
+    await hsp.data_ack({"type": "getlname"}, type=7)  # DATA_ACK: ERROR 2
+    await hsp.event()
+    await hsp.data_ack(b"Skan\x09")  # malformed inner Skan message: ERROR 1
+    await hsp.event()
+    await hsp.data_ack({"type": "bogus"})  # well-formed, refused: ERROR 2
+    await hsp.event()
+    await hsp.stream.aclose()
+    mariner = await RawMariner.open(mbroker.addr["mariner"])
+    await mariner.send_bytes(b"\x00\x00\x00\x02{]")  # not JSON
+    await mariner.expect_closed()
+    after = await scrape(addr)
+    assert delta(after, "hsp", "unknown-type") == 1
+    assert delta(after, "hsp", "rejected") == 2
+    assert delta(after, "hsp", "malformed") == 1
+    assert delta(after, "mariner", "bad-message") == 1
+    unlabelled = ("skan_protocol_errors_total",
+                  frozenset({"protocol": "unknown", "reason": "unlabelled"}.items()))
+    assert unlabelled not in after
