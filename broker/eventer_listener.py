@@ -171,7 +171,7 @@ class EventerConnection(QueuedEndpoint):
         self._write()
 
     def _fatal(self, reason: str) -> None:
-        self.router.counters.protocol_errors += 1
+        self.router.counters.protocol_error("eventer", "bad-message")
         log.warning("eventer %s (%s): closing: %s", self.lname.decode(), self.client_name,
                     reason)
         self.closing = "protocol-error"
@@ -186,7 +186,7 @@ class EventerConnection(QueuedEndpoint):
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
-            self.router.counters.protocol_errors += 1
+            self.router.counters.protocol_error("eventer", "init-refused")
             log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
                      reason)
             self.proto.refuse(req.conv, reason)

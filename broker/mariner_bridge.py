@@ -105,7 +105,7 @@ class MarinerBridge:
         self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str) -> None:
-        self.router.counters.protocol_errors += 1
+        self.router.counters.protocol_error("bridge-mariner", "unroutable-event")
         self.status.last_error = f"event {event.id} not routed: {reason}"
         log.warning("bridge %s: event %s (type %s) not routed: %s",
                     self.status.name, event.id, list(event.type), reason)

@@ -247,11 +247,18 @@ async def test_hsp_and_mariner_errors_carry_protocol_and_reason(mbroker):
     mariner = await RawMariner.open(mbroker.addr["mariner"])
     await mariner.send_bytes(b"\x00\x00\x00\x02{]")  # not JSON
     await mariner.expect_closed()
+    eventer = await trio.open_tcp_stream(*mbroker.addr["eventer"])
+    await eventer.send_all(b"\x01\x03abc")  # a Chatter frame whose body is not a message
+    with trio.fail_after(5):
+        while await eventer.receive_some(4096):
+            pass
+    await eventer.aclose()
     after = await scrape(addr)
     assert delta(after, "hsp", "unknown-type") == 1
     assert delta(after, "hsp", "rejected") == 2
     assert delta(after, "hsp", "malformed") == 1
     assert delta(after, "mariner", "bad-message") == 1
+    assert delta(after, "eventer", "bad-message") == 1
     unlabelled = ("skan_protocol_errors_total",
                   frozenset({"protocol": "unknown", "reason": "unlabelled"}.items()))
     assert unlabelled not in after
