@@ -8,8 +8,8 @@ Outgoing: each routed message becomes a DATA_ACK of the configured Type
 whose payload is the ``msg`` bytes when ``msg`` is DATA, else the complete
 routed Skan message (magic included).  A message leaves the buffer when the
 peer ACKs it; on ERROR/ERROR_UNDEF it is dropped (re-sending a refused
-message would loop forever), logged and counted in the endpoint's
-``dropped``.  At most :data:`WINDOW` messages are in flight; when the
+message would loop forever), logged and counted as dropped (reason
+``refused-by-peer``).  At most :data:`WINDOW` messages are in flight; when the
 connection fails they go back to the front of the buffer, in order, and are
 re-sent after the reconnect (at-least-once).  The buffer holds at most
 ``buffer`` messages; beyond that the oldest is dropped, logged and counted
@@ -264,7 +264,7 @@ class _Link:
             self._acked.set()
         elif t is Error or t is ErrorUndef:
             bridge.inflight.pop(ev.message_id, None)
-            bridge.ep.dropped += 1
+            bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
             detail = f"ERROR {ev.type}: {ev.reason}" if t is Error else "ERROR_UNDEF"
             bridge.status.last_error = f"peer refused a message ({detail})"
             log.warning("bridge %s: peer refused message id %d (%s); dropped",
@@ -283,8 +283,10 @@ class _Link:
                 self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, reason.encode())))
             elif ev.command == ERROR:
                 bridge.inflight.pop(ev.message_id, None)
-                bridge.ep.dropped += 1
+                bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
                 self._acked.set()
+            else:
+                bridge.router.counters.drop("bridge-hsp", "too-large")
             log.warning("bridge %s: %s", bridge.status.name, reason)
         # Pong: liveness is last_rx.
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import attrs
 import trio
 
 from broker.connection import QueuedEndpoint
@@ -66,28 +65,11 @@ TOO_LARGE = 3
 NOT_AUTHORISED = 4
 # Metric label (skan_protocol_errors_total reason) per ERROR code.
 ERROR_REASONS = {MALFORMED: "malformed", REJECTED: "rejected", TOO_LARGE: "too-large",
-                 NOT_AUTHORISED: "not-authorised"}
+                NOT_AUTHORISED: "not-authorised"}
 
 # Every delivery is DATA Type 1: these 3 bytes, then the Skan frame as routed
 # (its 4-byte length prefix is HSP's Length field).
 DELIVERY_PREFIX = data_prefix(SKAN_TYPE)
-
-
-@attrs.define
-class HSPCounters:
-    """Listener-wide HSP counters (``ctx.components["hsp"]``), for stats and metrics."""
-
-    acks: int = 0
-    # ERROR answers by Type code.
-    errors: dict[int, int] = attrs.Factory(dict)
-    # DATA with a Type other than 1, dropped.
-    unknown_type_dropped: int = 0
-    # DATA whose payload exceeded the limit (skipped, answered with an error frame).
-    oversized_data: int = 0
-    # Skan error frames sent as DATA for faults in plain DATA.
-    data_errors: int = 0
-    # Connections closed for breaking HSP (unknown command, bad MessageID).
-    protocol_violations: int = 0
 
 
 class HSPClientConnection(QueuedEndpoint):
@@ -95,12 +77,11 @@ class HSPClientConnection(QueuedEndpoint):
 
     protocol = "hsp"
 
-    def __init__(self, router: Router, queue_limit: int, policy: str, max_payload: int,
-                 counters: HSPCounters) -> None:
+    def __init__(self, router: Router, queue_limit: int, policy: str, max_payload: int) -> None:
         super().__init__(router, queue_limit, policy)
         self.hsp = HSPConnection(max_payload)
         self.session = SkanSession(router, self)
-        self.counters = counters
+        self.counters = router.counters
         # While a DATA_ACK is being handled, its replies wait here so the ACK goes first.
         self._held: list[bytes] | None = None
 
@@ -123,14 +104,12 @@ class HSPClientConnection(QueuedEndpoint):
         self.enqueue(self.hsp.send(Ping()))
 
     def _answer_error(self, mid: int, code: int, reason: str) -> None:
-        self.router.counters.protocol_error("hsp", ERROR_REASONS.get(code, "error"))
-        errors = self.counters.errors
-        errors[code] = errors.get(code, 0) + 1
+        self.counters.protocol_error("hsp", ERROR_REASONS[code])
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
-    def _data_error(self, rejected: Rejected, kind: str = "rejected") -> None:
-        self.router.counters.protocol_error("hsp", kind)
-        self.counters.data_errors += 1
+    def _data_error(self, label: str, rejected: Rejected) -> None:
+        """A fault in a plain DATA: the Skan error frame, delivered as DATA Type 1."""
+        self.counters.protocol_error("hsp", label)
         self.enqueue(self.encode_control(rejected.error_message()))
 
     # ---- incoming ---------------------------------------------------------
@@ -141,9 +120,8 @@ class HSPClientConnection(QueuedEndpoint):
         except ProtocolError as exc:
             self._apply(exc.events)
             if self.closing is None:
-                self.counters.protocol_violations += 1
-                self._data_error(Rejected(f"HSP protocol error: {exc.reason}"),
-                                 "protocol-violation")
+                self._data_error("protocol-violation",
+                                 Rejected(f"HSP protocol error: {exc.reason}"))
                 self.closing = "protocol-error"
             return
         self._apply(events)
@@ -154,20 +132,21 @@ class HSPClientConnection(QueuedEndpoint):
             t = type(ev)
             if t is Data:
                 if ev.type != SKAN_TYPE:
-                    self.counters.unknown_type_dropped += 1
-                    self.router.counters.protocol_error("hsp", "unknown-type")
+                    # A peer fault (protocol error) whose message is dropped (counted too).
+                    self.counters.protocol_error("hsp", "unknown-type")
+                    self.counters.drop("hsp", "unknown-type")
                     continue
-                kind = "rejected"
                 try:
                     rejected = handle(ev.framed)
                 except SkanError as exc:
-                    rejected = Rejected(f"malformed Skan message: {exc}")
-                    kind = "malformed"
+                    self._data_error("malformed", Rejected(f"malformed Skan message: {exc}"))
+                    continue
                 if rejected is not None:
-                    self._data_error(rejected, kind)
                     if rejected.close:
+                        self._data_error("not-authorised", rejected)
                         self.closing = "protocol-error"
                         return
+                    self._data_error("rejected", rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
                     return
@@ -179,8 +158,7 @@ class HSPClientConnection(QueuedEndpoint):
                 if ev.command == DATA_ACK:
                     self._answer_error(ev.message_id, TOO_LARGE, reason)
                 else:
-                    self.counters.oversized_data += 1
-                    self._data_error(Rejected(reason), "too-large")
+                    self._data_error("too-large", Rejected(reason))
             # Pong: any received byte already counts as liveness (last_rx).
             # Ack/Error/ErrorUndef cannot get here: the broker never sends
             # DATA_ACK to a listener client, so the state machine refuses them.
@@ -203,7 +181,6 @@ class HSPClientConnection(QueuedEndpoint):
         finally:
             self._held = None
         if rejected is None:
-            self.counters.acks += 1
             self.enqueue(self.hsp.send(Ack(mid)))
             for data in held:
                 self.enqueue(data)
@@ -221,13 +198,10 @@ async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED)
     listeners = await open_listeners(
         cfg.broker.host, cfg.hsp.port, cfg.hsp.tls_cert, cfg.hsp.tls_key
     )
-    counters = ctx.components.setdefault("hsp", HSPCounters())
-
     async def handle(stream: trio.abc.Stream) -> None:
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.
         ep = HSPClientConnection(
-            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer, cfg.broker.max_frame,
-            counters,
+            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer, cfg.broker.max_frame
         )
         ctx.router.attach(ep)
 

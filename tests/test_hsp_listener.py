@@ -11,6 +11,7 @@ import trustme
 from clients.hsp import HSPClient, HSPError, SkanOverHSP
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
+from tests.metrics.httpc import scrape
 from tests.rawhsp import RawHSP
 from tests.rawskan import RawSkan
 from wire.hsp import Ack, Data, DataAck, Error, Ping, Pong
@@ -39,9 +40,11 @@ async def named(broker) -> tuple[RawHSP, bytes]:
     return raw, await raw.getlname()
 
 
-async def protocol_errors(broker) -> int:
+async def counters(broker) -> tuple[int, int]:
+    """(protocol_errors, dropped) from the broker's stats."""
     async with SkanClient.connect(*broker.skan) as c:
-        return int((await c.stats())["protocol_errors"])
+        stats = await c.stats()
+        return int(stats["protocol_errors"]), int(stats["dropped"])
 
 
 # ---- lifecycle and replies ------------------------------------------------------
@@ -211,7 +214,7 @@ async def test_semantic_reject_error_2_over_data_ack_error_frame_over_data(hsp_b
 
 async def test_too_large_error_3_payload_skipped_connection_stays_open(hsp_broker):
     raw, lname = await named(hsp_broker)
-    before = await protocol_errors(hsp_broker)
+    before = await counters(hsp_broker)
     big = {"type": "send", "group": "g", "instance": "*", "to": "*", "from": lname,
            "seq": "1", "msg": "x" * MAX_FRAME}
     mid = await raw.data_ack(big)
@@ -222,20 +225,21 @@ async def test_too_large_error_3_payload_skipped_connection_stays_open(hsp_broke
     err = RawHSP.skan(await raw.event())
     assert b"exceeds the limit" in err[b"error"]
     assert await raw.getlname() == lname
-    assert await protocol_errors(hsp_broker) == before + 2
+    assert await counters(hsp_broker) == (before[0] + 2, before[1])
     await raw.aclose()
 
 
 async def test_unknown_type_error_on_data_ack_dropped_and_counted_on_data(hsp_broker):
     raw, lname = await named(hsp_broker)
-    before = await protocol_errors(hsp_broker)
+    before = await counters(hsp_broker)
     mid = await raw.data_ack({"type": "getlname"}, type=7)
     ev = await raw.event()
     assert type(ev) is Error and (ev.message_id, ev.type) == (mid, 2)
     assert "unknown Type 7" in ev.reason
     await raw.data({"type": "getlname"}, type=0x0100)
     await raw.expect_silence()
-    assert await protocol_errors(hsp_broker) == before + 2
+    # Both are protocol errors; the DATA is also counted as dropped.
+    assert await counters(hsp_broker) == (before[0] + 2, before[1] + 1)
     assert await raw.getlname() == lname
     await raw.aclose()
 
@@ -352,3 +356,30 @@ async def test_hsp_over_tls(tmp_path):
         await raw.data({"type": "getlname"})
         with pytest.raises((EOFError, trio.BrokenResourceError)):
             await raw.event(timeout=10)
+
+
+async def test_error_counts_by_reason_in_metrics(hsp_broker):
+    def count(data, name, **labels):
+        return data.get((name, frozenset(labels.items())), 0.0)
+
+    before = await scrape(hsp_broker.addr["metrics"])
+    raw, lname = await named(hsp_broker)
+    await raw.data_ack(b"not skan")
+    await raw.data_ack({"type": "send", "group": "g", "instance": "*", "to": "*",
+                        "from": lname, "seq": "1", "msg": "x" * MAX_FRAME})
+    await raw.data_ack({"type": "nope"})
+    await raw.data(b"Skan", type=3)
+    assert [type(e) for e in await raw.events_n(3)] == [Error] * 3
+    await raw.getlname()  # barrier: the DATA of Type 3 has been handled too
+    after = await scrape(hsp_broker.addr["metrics"])
+    for name, labels in (
+        ("skan_protocol_errors_total", {"reason": "malformed"}),
+        ("skan_protocol_errors_total", {"reason": "too-large"}),
+        ("skan_protocol_errors_total", {"reason": "rejected"}),
+        ("skan_protocol_errors_total", {"reason": "unknown-type"}),
+        ("skan_messages_dropped_total", {"reason": "unknown-type"}),
+    ):
+        delta = count(after, name, protocol="hsp", **labels) - count(
+            before, name, protocol="hsp", **labels)
+        assert delta == 1, (name, labels)
+    await raw.aclose()
