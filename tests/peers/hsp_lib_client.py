@@ -28,29 +28,32 @@ def emit(obj):
 async def main(host, port):
     result = {}
     stream = await trio.open_tcp_stream(host, port)
-    async with trio.open_nursery() as nursery:
-        async with hsp.StreamBuffer(stream, nursery) as sb, hsp.HspConnection(sb, nursery) as conn:
-            inbox_send, inbox = trio.open_memory_channel(100)
+    async with (
+        trio.open_nursery() as nursery,
+        hsp.StreamBuffer(stream, nursery) as sb,
+        hsp.HspConnection(sb, nursery) as conn,
+    ):
+        inbox_send, inbox = trio.open_memory_channel(100)
 
-            async def receiver():
-                while True:
-                    data = await conn.recv()
-                    data.ack()
-                    await inbox_send.send((data.msg_type, bytes(data.payload)))
+        async def receiver():
+            while True:
+                data = await conn.recv()
+                data.ack()
+                await inbox_send.send((data.msg_type, bytes(data.payload)))
 
-            async with trio.open_nursery() as inner:
-                inner.start_soon(receiver)
-                await talk(conn, inbox, result)
-                inner.cancel_scope.cancel()
-            # hsp 0.1.0 turns a cancellation that hits its reader in the middle of
-            # a receive into an exception; its reader only idles (and so shuts
-            # down cleanly) once nothing is outstanding.  A last PING lets it
-            # read the PONG and go idle before the context exits.
-            await conn.ping()
-            emit({"result": result})
-            # Its StreamBuffer can miss the wake-up that ends its sender and then
-            # waits 30 s on exit; cancelling here ends everything at once.
-            nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as inner:
+            inner.start_soon(receiver)
+            await talk(conn, inbox, result)
+            inner.cancel_scope.cancel()
+        # hsp 0.1.0 turns a cancellation that hits its reader in the middle of
+        # a receive into an exception; its reader only idles (and so shuts
+        # down cleanly) once nothing is outstanding.  A last PING lets it
+        # read the PONG and go idle before the context exits.
+        await conn.ping()
+        emit({"result": result})
+        # Its StreamBuffer can miss the wake-up that ends its sender and then
+        # waits 30 s on exit; cancelling here ends everything at once.
+        nursery.cancel_scope.cancel()
 
 
 async def talk(conn, inbox, result):
