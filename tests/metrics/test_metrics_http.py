@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 import trio.testing
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from broker import metrics_http
+from broker import app, config, metrics_http
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.metrics.httpc import RawHTTP, get, samples
@@ -161,3 +163,37 @@ async def test_failing_collector_gives_500_not_a_crash(autojump_clock):
         await client.send_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
         data = await _read_all(client)
     assert data.startswith(b"HTTP/1.1 500 ")
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+async def test_per_message_bookkeeping_follows_enabled(enabled):
+    """In-process: [metrics] enabled=false leaves group counts and latency timing off."""
+    cfg = config.from_mapping({
+        "skan": {"port": 0}, "metrics": {"enabled": enabled, "port": 0},
+        "hsp": {"enabled": False}, "eventer": {"enabled": False},
+        "mariner": {"enabled": False}, "log": {"enabled": False},
+    })
+    ctxs: list = []
+    lines: list[str] = []
+    up, stop = trio.Event(), trio.Event()
+
+    def ready(got: list[str]) -> None:
+        lines.extend(got)
+        up.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(app.run, cfg, ready=ready, stop=stop, ctx_out=ctxs))
+        await up.wait()
+        router = ctxs[0].router
+        host, port = next(line.split()[2] for line in lines
+                          if line.startswith("listening skan")).rsplit(":", 1)
+        async with SkanClient.connect(host, int(port)) as c:
+            await c.send("g", "x")
+            await c.barrier()
+        assert any(line.startswith("listening metrics") for line in lines) == enabled
+        if enabled:
+            assert router.latency.count == 1
+            assert router.group_stats == {b"g": [1, 0]}
+        else:
+            assert router.latency is None and router.group_stats is None
+        stop.set()
