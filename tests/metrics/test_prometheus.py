@@ -320,3 +320,16 @@ def test_routing_log_counts_every_routed_message(setup):
     got = setup.prom.wait_value(f"skan_routelog_records_total{{{a}}}", setup.traffic.routed)
     assert got == setup.traffic.routed
     assert setup.prom.value(f"skan_routelog_lag_seconds{{{a}}}") < 5
+
+
+def test_dashboard_variables_resolve(setup):
+    """The Job and Instance variables' label_values() queries find both brokers."""
+    found = {}
+    for var in json.loads(DASHBOARD.read_text())["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
+        assert match, var["query"]
+        selector, label = expand(match.group(1)), match.group(2)
+        found[var["name"]] = set(setup.prom.api(f"label/{label}/values", **{"match[]": selector}))
+    assert found == {"job": {JOB}, "instance": {setup.inst(setup.a), setup.inst(setup.b)}}
