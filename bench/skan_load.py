@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import pathlib
+import select
 import signal
 import statistics
 import subprocess
@@ -63,22 +64,31 @@ class Broker:
              "--skan-port", "0", "--hsp-port", "0", "--eventer-port", "0",
              "--mariner-port", "0", "--metrics-port", "0", "--log-dir", str(work / "log"),
              "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, text=True, env=env, cwd=work,
+            stdout=subprocess.PIPE, bufsize=0, env=env, cwd=work,
         )
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        out = b""
         deadline = time.monotonic() + 30
+        # Every 'listening' line is written in one flush once all listeners
+        # are up: read until the skan line is in and nothing more follows.
         while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
+            done = b"listening skan" in out and out.endswith(b"\n")
+            if not select.select([fd], [], [], 0.2 if done else 1.0)[0]:
+                if done:
+                    break
+                if self.proc.poll() is not None:
+                    raise RuntimeError("broker exited during start-up")
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 raise RuntimeError("broker exited during start-up")
+            out += chunk
+        for line in out.decode().splitlines():
             if line.startswith("listening "):
                 _, proto, hostport = line.split()
                 host, _, port = hostport.rpartition(":")
                 self.addr[proto] = (host, int(port))
-                if proto == "skan":
-                    # the rest of the lines were written in the same flush
-                    time.sleep(0.2)
-                    break
         return self
 
     def cpu_seconds(self) -> float | None:

@@ -20,7 +20,7 @@ import trio
 from broker import events
 from broker.connection import DROP, QueuedEndpoint
 from broker.context import BrokerContext
-from broker.eventer_mapping import encode_routed, payload_from_wire, ts_from_wire
+from broker.eventer_mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.eventer_query import LatestTable, run_query
 from broker.retention import Entry, RetentionStore, view
 from broker.router import Routed, Router
@@ -63,12 +63,12 @@ class EventerService:
 
     def encode(self, routed: Routed) -> bytes:
         if routed is not self._last_routed:
-            self._last_encoded = encode_routed(routed, self.server_id)
+            self._last_encoded = fast_encode_routed(routed, self.server_id)
             self._last_routed = routed
         return self._last_encoded
 
     def encode_entry(self, entry: Entry) -> bytes:
-        return encode_routed(view(entry), self.server_id)
+        return fast_encode_routed(view(entry), self.server_id)
 
     def stopping(self) -> None:
         """Graceful stop began: tell every client (MsgStatusNotify stopping)."""
