@@ -11,6 +11,7 @@ part is the shared transport plus an idle pinger and a conversation timer.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,11 +31,6 @@ from wire.chatter import ChatterError
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
-
-# Conversation deadlines are checked at least this often (seconds): new
-# deadlines are noticed within this delay, a 5 s timeout fires up to this late.
-TIMER_GRANULARITY = 0.5
-
 
 def check_subscription(pattern: w.EventType) -> str | None:
     """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
@@ -98,6 +94,8 @@ class EventerConnection(QueuedEndpoint):
         self.seq = 0
         # Set by the trio layer to its clock; any monotonic clock works.
         self.now: Callable[[], float] = time.monotonic
+        # Set by the trio layer: called when a conversation deadline was added.
+        self.on_deadline: Callable[[], None] = _nothing
 
     # ---- routing side ------------------------------------------------------------
 
@@ -129,6 +127,7 @@ class EventerConnection(QueuedEndpoint):
 
     def _notify(self, batch: list[bytes]) -> None:
         self.proto.notify(batch, self.now())
+        self.on_deadline()
         self._write()
 
     def _drain_backlog(self) -> None:
@@ -136,6 +135,7 @@ class EventerConnection(QueuedEndpoint):
             batch = self.backlog.popleft()
             self.backlog_bytes -= sum(map(len, batch))
             self.proto.notify(batch, self.now())
+            self.on_deadline()
         self._write()
 
     def _write(self) -> None:
@@ -235,6 +235,7 @@ class EventerConnection(QueuedEndpoint):
     def send_ping(self) -> None:
         if self.proto.chatter.envelope is not None:
             self.proto.ping(self.now(), timeout=None)
+            self.on_deadline()
             self._write()
 
     def check_timeouts(self) -> None:
@@ -250,14 +251,19 @@ class EventerConnection(QueuedEndpoint):
             self._drain_backlog()
 
 
+def _nothing() -> None:
+    pass
+
+
 async def _conversation_timer(ep: EventerConnection) -> None:
+    """Sleep until the next conversation deadline (or a new one), then check expiries."""
+    wake = [trio.Event()]
+    ep.on_deadline = lambda: wake[0].set()
     while not ep.closed:
         deadline = ep.proto.next_deadline()
-        now = trio.current_time()
-        wait = TIMER_GRANULARITY if deadline is None else min(deadline - now,
-                                                              TIMER_GRANULARITY)
-        if wait > 0:
-            await trio.sleep(wait)
+        with trio.move_on_at(math.inf if deadline is None else deadline):
+            await wake[0].wait()
+        wake[0] = trio.Event()
         ep.check_timeouts()
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import ssl
 
 import pytest
 import trio
+import trustme
 
+from clients.eventer import EventerClient
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER
+from wire.eventer import Status
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 
@@ -112,3 +117,48 @@ async def test_refused_token_keeps_retrying_without_harm():
                 assert "uptime" in await c.stats()
             assert any("EventerInitError: invalid query event type" in line
                        for line in b.stderr_lines)
+
+
+async def test_broker_to_broker_over_tls(tmp_path):
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "b.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "b.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    upstream_cfg = (f'[eventer]\ntls_cert = "{tmp_path / "b.pem"}"\n'
+                    f'tls_key = "{tmp_path / "b.key"}"\ntoken = "tok"\n')
+    with BrokerProcess(upstream_cfg) as up:
+        port = up.addr["eventer"][1]
+        down_cfg = bridge_config(port, tls="true", tls_ca=json.dumps(str(tmp_path / "ca.pem")))
+        with BrokerProcess(down_cfg) as down:
+            async with SkanClient.connect(*up.skan) as up_c, \
+                    SkanClient.connect(*down.skan) as down_c:
+                await up_c.subscribe("plant")
+                await down_c.subscribe("plant")
+                # downstream -> upstream (registered over TLS); retried until the bridge is up
+                with trio.fail_after(15):
+                    while True:
+                        await down_c.send("plant", "down->up", instance="x")
+                        with trio.move_on_after(0.3):
+                            m = await up_c.receive()
+                            break
+                assert (m.instance, m.msg) == ("x", b"down->up")
+                # upstream -> downstream (notified over TLS); no echo either way
+                await up_c.send("plant", "up->down", instance="y")
+                got = await down_c.receive()
+                while got.msg == b"down->up":  # retries that crossed the bridge setup
+                    got = await down_c.receive()
+                assert (got.instance, got.msg) == ("y", b"up->down")
+                await trio.sleep(0.5)
+                for c in (up_c, down_c):
+                    while True:
+                        try:
+                            extra = c._inbox.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        assert extra.msg == b"down->up"
+            # a client over TLS with the CA
+            ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+            async with EventerClient.connect(*up.addr["eventer"], "tls/client", token="tok",
+                                             ssl_context=ctx) as client:
+                assert client.status is Status.OPERATIONAL
