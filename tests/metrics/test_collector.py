@@ -205,9 +205,11 @@ def test_bridge_status_and_buffer_series():
     ctx.router.subscribe(ep, b"g", b"*", 0)
     sender = BufferedBridgeEndpoint("bridge-mariner", down, limit=2)
     ctx.router.attach(sender)
+    frames = []
     for i in range(3):
         frame = encode_frame({"type": "send", "group": "g", "instance": "*", "to": "*",
-                              "from": sender.lname.decode(), "seq": str(i), "msg": None})
+                              "from": sender.lname.decode(), "seq": str(i), "msg": "x" * i})
+        frames.append(frame)
         ctx.router.route(sender, frame, {b"group": b"g", b"instance": b"*", b"to": b"*"})
     data = samples(generate_latest(build_registry(ctx, ["skan", "bridge-hsp"])).decode())
     hsp = {"bridge": up.name, "protocol": "hsp"}
@@ -223,6 +225,11 @@ def test_bridge_status_and_buffer_series():
                  reason="bridge-buffer-full") == 1
     assert value(data, "skan_connections_open", protocol="bridge-hsp") == 1
     assert value(data, "skan_messages_received_total", protocol="bridge-mariner") == 3
+    # The two newest frames wait in the bridge buffer (the oldest overflowed).
+    buffered = len(frames[1]) + len(frames[2])
+    assert value(data, "skan_outgoing_queue_bytes", protocol="bridge-hsp") == buffered
+    assert value(data, "skan_outgoing_queue_max_bytes", protocol="bridge-hsp") == buffered
+    assert value(data, "skan_outgoing_queue_bytes", protocol="bridge-mariner") == 0
 
 
 async def test_hsp_and_mariner_errors_carry_protocol_and_reason(mbroker):
