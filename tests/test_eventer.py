@@ -15,8 +15,10 @@ from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER, HAT08_PEER
+from tests.rawskan import RawSkan
 from wire.chatter import encode_frame, sbs
 from wire.eventer import ClientConnection, InitReq, InitResult, Status
+from wire.skan import encode_frame as encode_skan
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 
@@ -67,7 +69,7 @@ async def test_skan_sends_reach_hat_subscriber_as_events(ebroker):
 
 async def test_events_of_one_routing_batch_share_one_session(ebroker):
     peer, _ = await hat_client(ebroker, subscriptions=[["batch", "*"]])
-    async with peer, SkanClient.connect(*ebroker.skan) as pub:
+    async with peer:
         # a register request of 3 events is one routing batch: one session, one notify
         other, _ = await hat_client(ebroker)
         async with other:
@@ -77,7 +79,16 @@ async def test_events_of_one_routing_batch_share_one_session(ebroker):
         assert len({e["id"][1] for e in got}) == 1
         assert [e["id"][2] for e in got] == [1, 2, 3]
         assert [e["id"] for e in got] == [e["id"] for e in reg["events"]]
-        del pub
+        # so is one chunk of Skan sends
+        raw = await RawSkan.open(ebroker.skan)
+        lname = await raw.getlname()
+        await raw.send_bytes(b"".join(encode_skan({
+            "type": "send", "group": "batch", "instance": "skan", "to": "*", "from": lname,
+            "seq": str(i), "msg": str(i)}) for i in range(4)))
+        got = (await peer.call("events", count=4))["events"]
+        assert len({e["id"][1] for e in got}) == 1 and len(got) == 4
+        assert got[0]["id"][1] > reg["events"][0]["id"][1]
+        await raw.aclose()
 
 
 # ---- registration ---------------------------------------------------------------------

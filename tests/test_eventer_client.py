@@ -52,13 +52,13 @@ async def test_subscribe_register_query(tbroker, envelope):
         assert (ev.type, ev.payload) == (("cl", "b", "c"), JsonPayload("from skan"))
         assert await pub.register([RegisterEvent(("cl", "q"))], with_response=False) is None
         (quiet,) = await sub.receive()
+        assert quiet.type == ("cl", "q") and quiet.payload is None
         latest = await pub.query(QueryLatestParams((("cl", "?"),)))
         assert {e.type for e in latest.events} == {("cl", "a"), ("cl", "q")}
         page = await pub.query(QueryServerParams(1, max_results=1, last_event_id=evs[0].id))
         assert page.events == (evs[1],) and page.more_follows
         await trio.sleep(0.8)  # broker pings after 0.3 s idle; the client answers
         assert sub.is_open and pub.is_open
-        del quiet
 
 
 async def test_wrong_token_raises_init_error(tbroker):
