@@ -5,6 +5,8 @@
     skan pub chat '{"n": 1}' --json    # send a JSON value as a Skan HASH
     skan request svc '{"q": 1}' --json --to LNAME
     skan stats
+    skan --protocol hsp sub chat       # the same over the broker's HSP listener
+    skan --protocol hsp pub chat hi --acked   # DATA_ACK: wait for the broker's ACK
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import trio
 
 from broker.events import MappingError, json_to_skan
+from clients.hsp import DEFAULT_PORT as HSP_PORT
+from clients.hsp import HSPError, SkanOverHSP
 from clients.skan import (
     DEFAULT_PORT,
     Message,
@@ -60,7 +64,10 @@ def format_message(m: Message, as_json: bool = False) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="skan", description="Talk to a Skan broker.")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--protocol", choices=["skan", "hsp"], default="skan",
+                   help="native Skan, or Skan messages carried over HSP")
+    p.add_argument("--port", type=int,
+                   help=f"broker port (default {DEFAULT_PORT}, or {HSP_PORT} with --protocol hsp)")
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--ca", help="CA file to verify the broker's certificate")
     p.add_argument("--insecure", action="store_true", help="TLS without certificate checks")
@@ -73,6 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pub.add_argument("--to", default="*", help="an lname for a directed message")
     pub.add_argument("--json", action="store_true", help="message is JSON, sent as HASH/LIST")
     pub.add_argument("--count", type=int, default=1, help="send it this many times")
+    pub.add_argument("--acked", action="store_true",
+                     help="(--protocol hsp) send as DATA_ACK and wait for each ACK")
 
     s = sub.add_parser("sub", help="print messages of a group")
     s.add_argument("group")
@@ -90,16 +99,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--timeout", type=float, default=5.0)
 
     sub.add_parser("stats", help="print the broker's counters")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.port is None:
+        args.port = HSP_PORT if args.protocol == "hsp" else DEFAULT_PORT
+    if getattr(args, "acked", False) and args.protocol != "hsp":
+        p.error("--acked needs --protocol hsp")
+    return args
+
+
+def _connect(args: argparse.Namespace, ctx: Any):
+    if args.protocol == "hsp":
+        return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx,
+                                   acked=getattr(args, "acked", False))
+    return SkanClient.connect(args.host, args.port, ssl_context=ctx)
 
 
 async def run(args: argparse.Namespace, out=sys.stdout) -> int:
     ctx = ssl_client_context(args.ca, args.insecure) if args.tls else None
-    async with SkanClient.connect(args.host, args.port, ssl_context=ctx) as client:
+    async with _connect(args, ctx) as client:
         if args.command == "pub":
             msg = _payload(args.message, args.json)
             for _ in range(args.count):
-                await client.send(args.group, msg, instance=args.instance, to=args.to)
+                try:
+                    await client.send(args.group, msg, instance=args.instance, to=args.to)
+                except HSPError as exc:
+                    print(f"skan: broker refused: {exc}", file=sys.stderr)
+                    return 1
             await client.barrier()
             for err in client.errors:
                 print(f"skan: broker refused: {err.reason}", file=sys.stderr)
