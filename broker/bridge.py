@@ -78,13 +78,27 @@ CONNECT_TIMEOUT = 10.0
 
 
 async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
-    """Dial a bridge's peer: TCP, or TLS verified against ``tls_ca`` (system CAs if unset)."""
+    """Dial a bridge's peer: TCP, or TLS verified against ``tls_ca`` (system CAs if unset).
+
+    Everything (TCP connect and TLS handshake) happens within CONNECT_TIMEOUT;
+    failures are OSErrors (ConnectionError, TimeoutError) that run_bridge retries.
+    """
     host, port = cfg.host_port()
     with trio.move_on_after(CONNECT_TIMEOUT):
-        if cfg.tls:
-            ctx = ssl.create_default_context(cafile=cfg.tls_ca)
-            return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
-        return await trio.open_tcp_stream(host, port)
+        if not cfg.tls:
+            return await trio.open_tcp_stream(host, port)
+        ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
+        try:
+            # Handshake now: a bad certificate is then a failed connect, so the
+            # bridge is never reported up and its backoff is not reset.
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            await trio.aclose_forcefully(stream)
+            raise ConnectionError(
+                f"TLS handshake with {cfg.address} failed: {exc.__cause__ or exc}"
+            ) from exc
+        return stream
     raise TimeoutError(f"no connection to {cfg.address} within {CONNECT_TIMEOUT}s")
 
 

@@ -45,10 +45,17 @@ async def _guarded(runner: BridgeRunner, ctx: BrokerContext, cfg: BridgeSection,
             return
         except Exception as exc:  # a bug in one bridge must not stop the others
             status.up = False
-            status.last_error = f"internal error: {exc!r}"
+            status.last_error = f"internal error: {_innermost(exc)!r}"
             log.exception("bridge %s failed; restarting in %.1fs", status.name, cfg.backoff_max)
         await trio.sleep(cfg.backoff_max)
         status.reconnects += 1
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (for a readable status)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def serve_bridges(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -293,19 +293,25 @@ async def serve_hsp(
     *,
     auto_ack: bool = True,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept HSP connections; ``handler(peer)`` runs with the peer's reader already going."""
+    """Accept HSP connections; ``handler(peer)`` runs with the peer's reader already going.
+
+    With ``ssl_context`` (a server context) every connection is TLS.
+    """
 
     async def one(stream: trio.abc.Stream) -> None:
+        if ssl_context is not None:
+            stream = trio.SSLStream(stream, ssl_context, server_side=True)
         peer = HSPPeer(stream, auto_ack=auto_ack, max_payload=max_payload)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(peer.run)
                 await handler(peer)
                 nursery.cancel_scope.cancel()
-        except ProtocolError:
-            pass
+        except (ProtocolError, trio.BrokenResourceError):
+            pass  # a broken peer (or failed TLS handshake) ends only its own connection
         finally:
             await peer.aclose()
 

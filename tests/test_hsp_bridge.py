@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Callable
 
 import pytest
 import trio
+import trustme
 
 from clients.hsp import HSPError, HSPPeer, serve_hsp
 from clients.skan import SkanClient
@@ -49,8 +51,9 @@ class PeerServer:
     acknowledged) when it is stopped.
     """
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self.port = port
+        self.ssl_context = ssl_context
         self.received: list[tuple[int, bytes]] = []
         self.connections = 0
         self.peer: HSPPeer | None = None
@@ -63,7 +66,8 @@ class PeerServer:
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as self._scope:
-            await serve_hsp(self._handle, self.port, auto_ack=False, task_status=task_status)
+            await serve_hsp(self._handle, self.port, auto_ack=False,
+                            ssl_context=self.ssl_context, task_status=task_status)
 
     def stop(self) -> None:
         assert self._scope is not None
@@ -243,4 +247,45 @@ async def test_silent_peer_is_pinged_and_dropped_and_other_bridges_carry_on():
                   if name == "skan_bridge_up"}
             assert up[f"127.0.0.1:{live_port}"] == 1.0
             assert up[f"127.0.0.1:{dead_port}"] == 0.0
+        nursery.cancel_scope.cancel()
+
+
+async def test_bridge_over_tls(tmp_path):
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    port = free_port()
+    server = PeerServer(port, ssl_context=server_ctx)
+    config = bridge_config(port, extra=f'tls = true\ntls_ca = "{tmp_path / "ca.pem"}"')
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        with BrokerProcess(config) as proc:
+            async with SkanClient.connect(*proc.skan) as pub:
+                await pub.send("bridged", "secret")
+                await until(lambda: server.received == [(42, b"secret")])
+        nursery.cancel_scope.cancel()
+
+
+async def test_bridge_refuses_an_endpoint_with_an_untrusted_certificate(tmp_path):
+    ca, other = trustme.CA(), trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    other.cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    port = free_port()
+    server = PeerServer(port, ssl_context=server_ctx)
+    config = bridge_config(port, extra=f'tls = true\ntls_ca = "{tmp_path / "other.pem"}"')
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        with BrokerProcess(config) as proc:
+            async with SkanClient.connect(*proc.skan) as pub:
+                await pub.send("bridged", "secret")
+            await trio.sleep(1.0)
+            assert server.received == []
+            assert await bridge_up(proc) == 0
+            # A failed handshake is a failed connect: never counted as a connection.
+            data = await scrape(proc.addr["metrics"])
+            assert [v for (name, _), v in data.items()
+                    if name == "skan_bridge_connects_total"] == [0.0]
+        assert any("CERTIFICATE_VERIFY_FAILED" in line for line in proc.stderr_lines)
         nursery.cancel_scope.cancel()
