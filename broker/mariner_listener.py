@@ -168,7 +168,11 @@ class MarinerEndpoint(QueuedEndpoint):
         if self.queue.size + len(data) > self.queue.limit:
             self._overflow(n)
             return
-        if self.enqueue(data):
+        # Live: enqueue flags congestion, so the publishing reader pauses.
+        # Replay: no publisher is behind it, so nobody else is asked to wait;
+        # the replay task itself waits for the writer.
+        ok = self.enqueue(data) if live else not self.closed and self.queue.push(data)
+        if ok:
             self.msgs_out += n
             self.bytes_out += len(data)
 

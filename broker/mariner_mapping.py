@@ -60,19 +60,35 @@ class EncodedEvents:
 
     The router hands the same :class:`Routed` to every recipient in turn, so
     remembering the last one makes a message reaching many Mariner clients
-    cost one encoding.
+    cost one encoding.  Event types are few and repeat, so their JSON text is
+    cached too (bounded).
     """
 
-    __slots__ = ("_last", "_text", "server_id")
+    __slots__ = ("_last", "_text", "_types", "server_id")
+
+    # Distinct event types whose JSON text is kept; cleared when full.
+    TYPE_CACHE = 4096
 
     def __init__(self, server_id: int) -> None:
         self.server_id = server_id
         self._last: Routed | None = None
         self._text = ""
+        self._types: dict[tuple[str, ...], str] = {}
 
     def __call__(self, routed: Routed) -> str:
         if routed is not self._last:
             event = ev.event_from_routed(routed, self.server_id)
-            self._text = mw.encode_event(mariner_event(event))
+            type_json = self._types.get(event.type)
+            if type_json is None:
+                if len(self._types) >= self.TYPE_CACHE:
+                    self._types.clear()
+                type_json = self._types[event.type] = mw.encode_event_type(event.type)
+            s, us = ev.timestamp_parts(event.timestamp)
+            self._text = mw.encode_event_fields(
+                event.id.server, event.id.session, event.id.instance, type_json, s, us,
+                None if event.source_timestamp is None
+                else mariner_timestamp(event.source_timestamp),
+                mariner_payload(event.payload),
+            )
             self._last = routed
         return self._text

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import json
 import ssl
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import trustme
 
 from clients.mariner import MarinerClient, MarinerClosed
 from clients.skan import SkanClient
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
 from tests.rawmariner import RawMariner
 from tests.rawskan import RawSkan
 from wire import mariner as mw
@@ -284,6 +287,12 @@ async def test_silent_peer_is_pinged_then_closed(token_broker):
     assert trio.current_time() - started < 5
 
 
+async def test_peer_that_never_sends_init_is_pinged_then_closed(token_broker):
+    raw = await RawMariner.open(token_broker.addr["mariner"])
+    assert await raw.message(timeout=5) == {"type": "ping"}
+    assert await raw.expect_closed(timeout=5) == []
+
+
 async def test_peer_answering_pings_stays(token_broker):
     raw = await RawMariner.open(token_broker.addr["mariner"])
     await raw.init(token="s3cret")
@@ -419,3 +428,40 @@ async def test_tls_listener(tmp_path):
             await pub.send("sec", "over tls")
             [e] = await receive_events(m, 1)
             assert e.payload.data == "over tls"
+
+
+# ---- command line -----------------------------------------------------------------------
+
+
+async def test_cli_prints_events_as_json_lines(broker):
+
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "clients.mariner", "--port", str(broker.addr["mariner"][1]),
+         "cli/*"], stdout=subprocess.PIPE, cwd=ROOT,
+    )
+    try:
+        async with SkanClient.connect(*broker.skan) as pub:
+            buf = b""
+            with trio.fail_after(20):
+                while b"\n" not in buf:  # publish until the CLI's init is applied
+                    await pub.send("cli", {"n": "1"}, instance="x")
+                    with trio.move_on_after(0.3):
+                        buf += await proc.stdout.receive_some(65536)
+        event = json.loads(buf.split(b"\n")[0])
+        assert event["type"] == ["cli", "x"]
+        assert event["payload"] == {"type": "json", "data": {"n": "1"}}
+        assert event["id"]["server"] == 1
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def test_cli_reports_a_refused_token(token_broker):
+
+    result = await trio.run_process(
+        [sys.executable, "-m", "clients.mariner", "--port",
+         str(token_broker.addr["mariner"][1]), "--token", "bad", "t/*"],
+        capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT,
+    )
+    assert result.returncode == 1
+    assert b"mariner: server error: client_token does not match" in result.stderr

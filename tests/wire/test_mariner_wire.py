@@ -322,3 +322,17 @@ def test_client_rules():
 def test_server_may_not_send_init():
     with pytest.raises(mw.LocalProtocolError):
         server().send(mw.Init("c"))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, mw.JsonPayload({"a": ["ü", 1.5, None]}), mw.JsonPayload("s"),
+     mw.BinaryPayload(b"\x00\xff"), mw.SbsPayload(None, "T", b"\x01"),
+     mw.SbsPayload("M", "T", b"")],
+)
+@pytest.mark.parametrize("source", [None, mw.Timestamp(3, 4)])
+def test_direct_event_text_equals_the_schema_form(payload, source):
+    event = mw.Event(mw.EventId(1, 2, 3), ("a", "b\"c"), mw.Timestamp(5, 999999), source, payload)
+    text = mw.encode_event(event)
+    assert json.loads(text) == mw.event_json(event)
+    assert mw.decode_message(mw.encode_events_body([text])) == mw.Events((event,))
