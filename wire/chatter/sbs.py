@@ -15,6 +15,7 @@ decoder only ever sees well-formed data.
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Callable
 from typing import Any
 
 from hat import sbs
@@ -28,8 +29,8 @@ SCHEMA_FILES = ("hat.sbs", "hat_ping.sbs", "hat_chatter.sbs", "hat_eventer.sbs")
 MAX_INT_BYTES = 10
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-# Nesting bound for the walk (the schemas nest fewer than 10 levels; a
-# recursive type cannot exist in them, this only guards the Python stack).
+# Nesting bound for compiling validators (the schemas nest fewer than 10
+# levels; this only guards the Python stack against a recursive schema).
 MAX_DEPTH = 64
 # Arrays whose elements can take zero bytes (Array(None)) cannot be bounded
 # by the remaining length; none exist in these schemas, this caps them anyway.
@@ -85,20 +86,31 @@ def decode(name: str, data: bytes) -> Any:
 
 def validate(name: str, data: bytes) -> None:
     """Check that ``data`` is exactly one well-formed encoding of ``Module.Type``."""
-    end = _walk(_REFS[_ref(name)], data, 0, 0)
+    check = _VALIDATORS.get(name)
+    if check is None:
+        check = _VALIDATORS[name] = _compile(_REFS[_ref(name)], 0)
+    try:
+        end = check(data, 0)
+    except IndexError:
+        raise SbsError(f"{name}: truncated") from None
     if end != len(data):
         raise SbsError(f"{name}: {len(data) - end} trailing bytes after the value")
 
 
+Validator = Callable[[bytes, int], int]
+# Validators compiled from the schemas, per type name: one closure per
+# schema node, so a walk costs no type dispatch per value.
+_VALIDATORS: dict[str, Validator] = {}
+
+
 def _int(data: bytes, pos: int) -> tuple[int, int]:
-    size = len(data)
+    """One Integer at ``pos``: (value, position after it).  IndexError when truncated."""
+    b = data[pos]
+    if b & 0x80:  # one byte: the common case
+        return ((b & 0x7F) - 128 if b & 0x40 else b & 0x7F), pos + 1
     start = pos
-    if pos >= size:
-        raise SbsError(f"truncated Integer at byte {pos}")
-    value = -1 if data[pos] & 0x40 else 0
+    value = -1 if b & 0x40 else 0
     while True:
-        if pos >= size:
-            raise SbsError(f"truncated Integer at byte {start}")
         b = data[pos]
         value = (value << 7) | (b & 0x7F)
         pos += 1
@@ -111,50 +123,96 @@ def _int(data: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
-def _walk(t: Any, data: bytes, pos: int, depth: int) -> int:
+def _skip_none(data: bytes, pos: int) -> int:
+    return pos
+
+
+def _skip_boolean(data: bytes, pos: int) -> int:
+    if pos >= len(data):
+        raise SbsError(f"truncated Boolean at byte {pos}")
+    return pos + 1
+
+
+def _skip_integer(data: bytes, pos: int) -> int:
+    return _int(data, pos)[1]
+
+
+def _skip_float(data: bytes, pos: int) -> int:
+    if pos + 8 > len(data):
+        raise SbsError(f"truncated Float at byte {pos}")
+    return pos + 8
+
+
+def _skip_bytes(data: bytes, pos: int) -> int:
+    n, body = _int(data, pos)
+    end = body + n
+    if n < 0 or end > len(data):
+        raise SbsError(f"String/Bytes of length {n} at byte {pos} overruns the data")
+    return end
+
+
+def _skip_string(data: bytes, pos: int) -> int:
+    n, body = _int(data, pos)
+    end = body + n
+    if n < 0 or end > len(data):
+        raise SbsError(f"String/Bytes of length {n} at byte {pos} overruns the data")
+    try:
+        data[body:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise SbsError(f"String at byte {pos} is not UTF-8") from None
+    return end
+
+
+_SIMPLE: dict[type, Validator] = {
+    sbs_common.NoneType: _skip_none,
+    sbs_common.BooleanType: _skip_boolean,
+    sbs_common.IntegerType: _skip_integer,
+    sbs_common.FloatType: _skip_float,
+    sbs_common.StringType: _skip_string,
+    sbs_common.BytesType: _skip_bytes,
+}
+
+
+def _compile(t: Any, depth: int) -> Validator:
     if depth > MAX_DEPTH:
-        raise SbsError("value nested too deeply")
+        raise SbsError("schema nested too deeply")
     while isinstance(t, sbs_common.Ref):
         t = _REFS[t]
-    size = len(data)
-    if isinstance(t, sbs_common.NoneType):
-        return pos
-    if isinstance(t, sbs_common.BooleanType):
-        if pos >= size:
-            raise SbsError(f"truncated Boolean at byte {pos}")
-        return pos + 1
-    if isinstance(t, sbs_common.IntegerType):
-        return _int(data, pos)[1]
-    if isinstance(t, sbs_common.FloatType):
-        if pos + 8 > size:
-            raise SbsError(f"truncated Float at byte {pos}")
-        return pos + 8
-    if isinstance(t, sbs_common.StringType | sbs_common.BytesType):
-        n, body = _int(data, pos)
-        if n < 0 or body + n > size:
-            raise SbsError(f"String/Bytes of length {n} at byte {pos} overruns the data")
-        if isinstance(t, sbs_common.StringType):
-            try:
-                data[body : body + n].decode("utf-8")
-            except UnicodeDecodeError:
-                raise SbsError(f"String at byte {pos} is not UTF-8") from None
-        return body + n
+    simple = _SIMPLE.get(type(t))
+    if simple is not None:
+        return simple
     if isinstance(t, sbs_common.ArrayType):
-        n, pos2 = _int(data, pos)
-        if n < 0 or n > max(size - pos2, MAX_EMPTY_ELEMENTS if _may_be_empty(t.t) else 0):
-            raise SbsError(f"Array count {n} at byte {pos} exceeds the remaining data")
-        for _ in range(n):
-            pos2 = _walk(t.t, data, pos2, depth + 1)
-        return pos2
+        element = _compile(t.t, depth + 1)
+        spare = MAX_EMPTY_ELEMENTS if _may_be_empty(t.t) else 0
+
+        def skip_array(data: bytes, pos: int) -> int:
+            n, p = _int(data, pos)
+            if n < 0 or n > max(len(data) - p, spare):
+                raise SbsError(f"Array count {n} at byte {pos} exceeds the remaining data")
+            for _ in range(n):
+                p = element(data, p)
+            return p
+
+        return skip_array
     if isinstance(t, sbs_common.RecordType):
-        for _, et in t.entries:
-            pos = _walk(et, data, pos, depth + 1)
-        return pos
+        fields = [_compile(et, depth + 1) for _, et in t.entries]
+
+        def skip_record(data: bytes, pos: int) -> int:
+            for field in fields:
+                pos = field(data, pos)
+            return pos
+
+        return skip_record
     if isinstance(t, sbs_common.ChoiceType):
-        idx, pos2 = _int(data, pos)
-        if not 0 <= idx < len(t.entries):
-            raise SbsError(f"Choice index {idx} at byte {pos} is out of range")
-        return _walk(t.entries[idx][1], data, pos2, depth + 1)
+        options = [_compile(et, depth + 1) for _, et in t.entries]
+
+        def skip_choice(data: bytes, pos: int) -> int:
+            idx, p = _int(data, pos)
+            if not 0 <= idx < len(options):
+                raise SbsError(f"Choice index {idx} at byte {pos} is out of range")
+            return options[idx](data, p)
+
+        return skip_choice
     raise SbsError(f"unsupported SBS type {t!r}")  # pragma: no cover
 
 
