@@ -107,6 +107,8 @@ class HSPPeer:
         # Oversized DATA that was skipped (DATA_ACKs get ERROR 3 instead).
         self.oversized_dropped = 0
         self.closed = False
+        # Why the peer's input was refused (it broke HSP), if it was.
+        self.failure: ProtocolError | None = None
 
     # ---- sending ------------------------------------------------------------
 
@@ -114,6 +116,15 @@ class HSPPeer:
         data = self.conn.send(event)
         async with self._send_lock:
             await self.stream.send_all(data)
+
+    async def _request(self, event: Event, waiter: Any) -> None:
+        """Send a command that expects an answer; HSPClosed if the connection is gone."""
+        if self.closed:
+            raise HSPClosed("the connection is closed")
+        try:
+            await self._write(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise HSPClosed("the connection is closed") from exc
 
     async def send_bytes(self, data: bytes) -> None:
         """Raw bytes, bypassing the state machine (tests of malformed input)."""
@@ -130,7 +141,7 @@ class HSPPeer:
         send, recv = trio.open_memory_channel[HSPError | None](1)
         self._waiters[mid] = send
         try:
-            await self._write(DataAck.make(mid, type, payload))
+            await self._request(DataAck.make(mid, type, payload), send)
             with trio.fail_after(timeout) if timeout else contextlib.nullcontext():
                 try:
                     result = await recv.receive()
@@ -146,7 +157,7 @@ class HSPPeer:
         waiter = [trio.Event(), False]
         self._pings.append(waiter)
         start = trio.current_time()
-        await self._write(Ping())
+        await self._request(Ping(), waiter)
         with trio.fail_after(timeout) if timeout else contextlib.nullcontext():
             await waiter[0].wait()
         if not waiter[1]:
@@ -227,10 +238,18 @@ class HSPPeer:
             self._pings.popleft()[0].set()
 
     async def run(self) -> None:
-        """Receive until EOF, filling the inbox."""
+        """Receive until EOF, filling the inbox.
+
+        A peer that breaks HSP ends the connection like EOF does; the reason
+        is kept in ``failure``.
+        """
         try:
             while True:
-                items = await self.read_data()
+                try:
+                    items = await self.read_data()
+                except ProtocolError as exc:
+                    self.failure = exc
+                    return
                 if items is None:
                     return
                 for item in items:
@@ -310,8 +329,8 @@ async def serve_hsp(
                 nursery.start_soon(peer.run)
                 await handler(peer)
                 nursery.cancel_scope.cancel()
-        except (ProtocolError, trio.BrokenResourceError):
-            pass  # a broken peer (or failed TLS handshake) ends only its own connection
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, HSPClosed):
+            pass  # a peer gone (or a failed TLS handshake) ends only its own connection
         finally:
             await peer.aclose()
 

@@ -205,12 +205,18 @@ async def test_payload_mapping_inbound_routing_and_errors():
                 with pytest.raises(HSPError) as info:
                     await peer.send_ack(1, b"x" * 70000, timeout=5)
                 assert info.value.code == 3
+                await peer.send(1, b"y" * 70000)  # too large, no answer possible: dropped
+                await peer.send_ack(1, b"barrier", timeout=5)
+                assert (await sub.receive()).msg == b"barrier"
 
             data = await scrape(proc.addr["metrics"])
             refused = data[("skan_messages_dropped_total",
                             frozenset({("protocol", "bridge-hsp"),
                                        ("reason", "refused-by-peer")}))]
             assert refused == 1.0
+            too_large = data[("skan_messages_dropped_total",
+                              frozenset({("protocol", "bridge-hsp"), ("reason", "too-large")}))]
+            assert too_large == 1.0
         nursery.cancel_scope.cancel()
 
 
@@ -288,4 +294,37 @@ async def test_bridge_refuses_an_endpoint_with_an_untrusted_certificate(tmp_path
             assert [v for (name, _), v in data.items()
                     if name == "skan_bridge_connects_total"] == [0.0]
         assert any("CERTIFICATE_VERIFY_FAILED" in line for line in proc.stderr_lines)
+        nursery.cancel_scope.cancel()
+
+
+async def test_endpoint_breaking_the_protocol_is_dropped_and_redialled():
+    port = free_port()
+    conns: list[int] = []
+    records: list[bytes] = []
+
+    async def endpoint(stream: trio.SocketStream) -> None:
+        conns.append(1)
+        peer = HSPPeer(stream, auto_ack=False)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.run)
+            item = await peer.receive()
+            if len(conns) == 1:
+                await peer.send_bytes(b"\x02\x00\x00\x99\x99")  # ACK for an id never sent
+                await trio.sleep_forever()
+            records.append(item.payload)
+            await peer.ack(item.message_id)
+            async for item in peer:
+                records.append(item.payload)
+                await peer.ack(item.message_id)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_tcp, endpoint, port)
+        with BrokerProcess(bridge_config(port)) as proc:
+            async with SkanClient.connect(*proc.skan) as pub:
+                await pub.send("bridged", "first")
+                await until(lambda: records == [b"first"])
+                await pub.send("bridged", "second")
+                await until(lambda: records == [b"first", b"second"])
+            assert len(conns) == 2
+        assert any("ACK for MessageID 39321" in line for line in proc.stderr_lines)
         nursery.cancel_scope.cancel()
