@@ -104,6 +104,14 @@ class QueuedEndpoint(Endpoint):
 
     # -- queueing ----------------------------------------------------------
 
+    def pending_bytes(self) -> int:
+        """Bytes waiting to reach the peer; back-pressure compares them with ``queue.high``.
+
+        The queue's bytes; adapters that hold more outside it (Eventer's
+        notifications waiting for flow-control credit) add theirs.
+        """
+        return self.queue.size
+
     def enqueue(self, data: bytes) -> bool:
         """Queue bytes for the writer, applying the slow-consumer policy when full."""
         if self.closed:

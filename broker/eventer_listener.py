@@ -124,6 +124,14 @@ class EventerConnection(QueuedEndpoint):
             return
         self.backlog.append(batch)
         self.backlog_bytes += size
+        if self.pending_bytes() > self.queue.high and not self.congested:
+            # Back-pressure, as for a full socket queue: publishers pause
+            # (up to the grace period) until acks drain the backlog.
+            self.congested = True
+            self.router.congested.append(self)
+
+    def pending_bytes(self) -> int:
+        return self.queue.size + self.backlog_bytes
 
     def _notify(self, batch: list[bytes]) -> None:
         self.proto.notify(batch, self.now())
@@ -137,6 +145,9 @@ class EventerConnection(QueuedEndpoint):
             self.proto.notify(batch, self.now())
             self.on_deadline()
         self._write()
+        if self.drained is not None and self.pending_bytes() <= self.queue.high:
+            self.drained.set()
+            self.drained = None
 
     def _write(self) -> None:
         data = self.proto.data_to_send()

@@ -126,7 +126,7 @@ async def _writer(stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Ev
                 await lot.park()
                 continue
             await stream.send_all(queue.take_all())
-            if ep.drained is not None and queue.size <= queue.high:
+            if ep.drained is not None and ep.pending_bytes() <= queue.high:
                 ep.drained.set()
                 ep.drained = None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -152,7 +152,7 @@ async def relieve_congestion(router: Router, grace: float) -> None:
     for ep in congested:
         ep.congested = False
         q = ep.queue
-        if ep.closed or q.size <= q.high:
+        if ep.closed or ep.pending_bytes() <= q.high:
             ep.congested_since = None
             continue
         now = trio.current_time()
@@ -165,7 +165,7 @@ async def relieve_congestion(router: Router, grace: float) -> None:
             ep.drained = trio.Event()
         with trio.move_on_after(remaining):
             await ep.drained.wait()
-        if q.size <= q.high:
+        if ep.pending_bytes() <= q.high:
             ep.congested_since = None
 
 

@@ -323,3 +323,53 @@ async def test_unacked_notifications_hit_the_conversation_timeout(ebroker):
                 client.receive_data(chunk)
                 await stream.send_all(client.data_to_send())
         assert 4.5 < trio.current_time() - start < 8
+
+
+async def test_late_acks_pause_publishers_instead_of_disconnecting():
+    # The backlog of notifications waiting for credit counts as queued bytes:
+    # a consumer that acks late (within the grace period) slows the publisher
+    # down instead of hitting the slow-consumer policy.
+    config = ("[broker]\nmax_frame = 65536\nqueue_limit = 1048576\nslow_consumer_grace = 3.0\n"
+              + CONFIG)
+    total = 20000
+    with BrokerProcess(config) as b:
+        stream = await trio.open_tcp_stream(*b.addr["eventer"])
+        client = ClientConnection(InitReq("late", subscriptions=(("late", "*"),)))
+        await stream.send_all(client.data_to_send())
+        assert client.receive_data(await stream.receive_some(65536)) == [
+            InitResult(Status.OPERATIONAL, None)]
+        raw = await RawSkan.open(b.skan)
+        lname = await raw.getlname()
+        frames = [encode_skan({
+            "type": "send", "group": "late", "instance": "*", "to": "*", "from": lname,
+            "seq": str(i), "msg": "x" * 100}) for i in range(total)]
+
+        async def publish() -> None:
+            # small paced writes: many routing batches, so most of them must
+            # wait for notify credit in the backlog
+            for i in range(0, total, 20):
+                await raw.send_bytes(b"".join(frames[i:i + 20]))
+                await trio.sleep(0.001)
+
+        got = 0
+        held = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish)
+            start = trio.current_time()
+            with trio.fail_after(20):
+                while got < total:
+                    data = await stream.receive_some(1 << 20)
+                    assert data, "the broker closed the late-acking consumer"
+                    for ev in client.receive_data(data):
+                        got += len(ev.events)
+                        held.append(ev.ack_conv)
+                    if trio.current_time() - start > 1.0:  # late, but within the grace
+                        for conv in held:
+                            client.ack(conv)
+                        held = []
+                    await stream.send_all(client.data_to_send())
+        async with SkanClient.connect(*b.skan) as c:
+            stats = await c.stats()
+        assert int(stats["slow_consumer_disconnects"]) == 0
+        await raw.aclose()
+        await stream.aclose()
