@@ -6,7 +6,8 @@ lives as long as the broker.  It connects as a Mariner client
 the configured ``subscriptions`` (default ``[[group, "*"]]``), ``token``
 and ``client_name``; every received event becomes a Skan send (``to`` "*",
 ``from`` the bridge's lname) into the group and instance its type maps to
-(:func:`broker.events.send_frame_for_event`, the shared mapping).  One
+(:func:`broker.events.send_frame_for_event`, the shared mapping; a source
+timestamp travels in the ``source-timestamp`` tag).  One
 ``events`` message (one remote session) is one local routing batch.
 
 Resuming: the bridge remembers the id of the last event it routed and sends
@@ -28,7 +29,7 @@ import logging
 from broker.bridge import BridgeStatus, open_bridge_stream, run_bridge
 from broker.config import BridgeSection
 from broker.context import BrokerContext
-from broker.events import MappingError, send_frame_for_event
+from broker.events import MappingError, send_frame_for_event, timestamp_from_parts
 from broker.mariner_mapping import payload_from_mariner
 from broker.router import Endpoint, Routed, Router
 from broker.transport import relieve_congestion
@@ -91,9 +92,13 @@ class MarinerBridge:
         self.last_event_id = event.id
         self._seq += 1
         try:
+            source = event.source_timestamp
             frame = send_frame_for_event(
                 event.type, payload_from_mariner(event.payload), sender=self.ep.lname,
                 seq=self._seq,
+                source_timestamp=(
+                    None if source is None else timestamp_from_parts(source.s, source.us)
+                ),
             )
         except (MappingError, ValueError) as exc:
             self._refuse(event, str(exc))

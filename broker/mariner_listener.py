@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 # writer (a page of ~1000 small events is a few hundred KiB).
 REPLAY_PAGE = 1000
 
+# Patterns one client may subscribe.  Each is checked on every recipient-set
+# cache miss for every routed type, so an unbounded list from one client would
+# slow routing for all; Hat clients use a handful.
+MAX_SUBSCRIPTIONS = 10_000
+
 PING_FRAME = mw.encode_frame(mw.encode_message(mw.Ping()))
 PONG_FRAME = mw.encode_frame(mw.encode_message(mw.Pong()))
 
@@ -115,6 +120,12 @@ class MarinerEndpoint(QueuedEndpoint):
                 mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
             )
             self.closing = "unauthorised"
+            return
+        if len(init.subscriptions) > MAX_SUBSCRIPTIONS:
+            self._fatal(
+                f"too many subscriptions: {len(init.subscriptions)} "
+                f"(at most {MAX_SUBSCRIPTIONS} per connection)"
+            )
             return
         for pattern in init.subscriptions:
             self.router.subscribe_pattern(self, pattern_bytes(pattern))

@@ -72,7 +72,7 @@ async def test_bridge_from_hat_server_routes_events_and_resumes():
                                                "b64": base64.b64encode(b"\x00\xff").decode()}),
                     ev([7, 1, 3], ["remote", "s"], {"type": "sbs", "module": "M", "name": "T",
                                                     "b64": base64.b64encode(b"\x01").decode()}),
-                    ev([7, 1, 4], ["remote", "n"], None),
+                    {**ev([7, 1, 4], ["remote", "n"], None), "source": [1700000000, 250000]},
                     ev([7, 1, 5], ["elsewhere"], {"type": "json", "data": "filtered"}),
                 ]})
                 assert await server.line_with("sent") == 1
@@ -84,6 +84,9 @@ async def test_bridge_from_hat_server_routes_events_and_resumes():
                 assert [m.msg for m in got] == [{b"v": b"1"}, b"\x00\xff", b"\x01", None]
                 assert [m.header.get(b"payload-type") for m in got] == [
                     None, b"", b"sbs:M.T", None,
+                ]
+                assert [m.header.get(b"source-timestamp") for m in got] == [
+                    None, None, None, b"1700000000.250000",
                 ]
                 senders = {m.sender for m in got}
                 assert len(senders) == 1 and sub.lname not in senders

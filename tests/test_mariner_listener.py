@@ -65,7 +65,7 @@ async def test_skan_sends_arrive_as_events(broker):
                             "msg": b"\x89PNG"})
         await pub.send_raw({"type": "send", "from": pub.lname, "to": "*", "group": "ev1",
                             "instance": "sbs", "seq": "10", "payload-type": "sbs:Mod.T",
-                            "msg": b"\x01\x02"})
+                            "source-timestamp": "1700000000.000001", "msg": b"\x01\x02"})
         before = time.time()
         events = await receive_events(m, 6)
         await nothing_more(m)
@@ -83,8 +83,8 @@ async def test_skan_sends_arrive_as_events(broker):
     ids = [e.id for e in events]
     assert all(i.server == 1 for i in ids)
     assert ids == sorted(ids) and len(set(ids)) == 6
+    assert [e.source_timestamp for e in events] == [None] * 5 + [mw.Timestamp(1700000000, 1)]
     for e in events:
-        assert e.source_timestamp is None
         assert abs(e.timestamp.s + e.timestamp.us / 1e6 - before) < 30
     assert m.last_event_id == ids[-1]
 
@@ -355,6 +355,14 @@ async def test_bad_later_message_gets_error_and_close(broker, later, reason):
     await raw.send(later)
     [error] = await raw.expect_closed()
     assert error["type"] == "error" and reason in error["error"]
+
+
+async def test_too_many_subscriptions_refused(broker):
+    raw = await RawMariner.open(broker.addr["mariner"])
+    await raw.init(subscriptions=[["many", str(i)] for i in range(10_001)])
+    [error] = await raw.expect_closed()
+    assert error == {"type": "error", "error": "too many subscriptions: 10001 "
+                     "(at most 10000 per connection)"}
 
 
 async def test_bad_peer_does_not_disturb_others(broker):

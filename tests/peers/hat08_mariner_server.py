@@ -4,7 +4,8 @@
 
 Prints {"listening": PORT}, then {"connection": {...init fields...}} per
 accepted client.  Commands on stdin, one JSON object per line:
-  {"events": [{"id": [SERVER, SESSION, INSTANCE], "type": [...], "payload": P}, ...]}
+  {"events": [{"id": [SERVER, SESSION, INSTANCE], "type": [...], "payload": P,
+               "source": [S, US] (optional source timestamp)}, ...]}
       P = null | {"type": "json", "data": ...} | {"type": "binary", "b64": ...}
         | {"type": "sbs", "module": M, "name": T, "b64": ...}
       sends one events message to every open connection whose subscription
@@ -64,7 +65,8 @@ async def main(args):
         cmd = json.loads(line)
         if "events" in cmd:
             now = common.now()
-            events = [common.Event(common.EventId(*e["id"]), tuple(e["type"]), now, None,
+            events = [common.Event(common.EventId(*e["id"]), tuple(e["type"]), now,
+                                   common.Timestamp(*e["source"]) if e.get("source") else None,
                                    payload_from(e.get("payload"))) for e in cmd["events"]]
             sent = 0
             for conn in [c for c in conns if c.is_open]:
