@@ -18,7 +18,11 @@ then holds further notifications.
 
 from __future__ import annotations
 
+import argparse
+import base64
+import json
 import ssl
+import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,20 +31,29 @@ import trio
 
 from wire.chatter import ChatterError, Conversation, Envelope
 from wire.eventer import (
+    BinaryPayload,
     ClientConnection,
     ConversationExpired,
     Event,
+    EventId,
     EventsNotified,
     EventType,
     InitReq,
     InitResult,
+    JsonPayload,
+    Order,
+    Payload,
+    QueryLatestParams,
     QueryParams,
     QueryResponse,
     QueryResult,
+    QueryServerParams,
+    QueryTimeseriesParams,
     RegisterEvent,
     RegisterResult,
     Status,
     StatusChanged,
+    Timestamp,
 )
 
 DEFAULT_PORT = 23012
@@ -314,3 +327,122 @@ class EventerClient:
             self._proto.ping(now, timeout=self._ping_timeout)
             await self._flush()
             await trio.sleep(self._ping_timeout)
+
+
+# ---- command line ----------------------------------------------------------------------
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as plain JSON (binary data base64), for printing."""
+    p = event.payload
+    payload: Any
+    if isinstance(p, JsonPayload):
+        payload = {"json": p.data}
+    elif isinstance(p, BinaryPayload):
+        payload = {"binary": {"type": p.type, "data": base64.b64encode(p.data).decode()}}
+    else:
+        payload = None
+    st = event.source_timestamp
+    return {
+        "id": [event.id.server, event.id.session, event.id.instance],
+        "type": list(event.type),
+        "timestamp": event.timestamp.to_float(),
+        "source_timestamp": None if st is None else st.to_float(),
+        "payload": payload,
+    }
+
+
+def _etype(text: str) -> EventType:
+    return tuple(text.split("/"))
+
+
+def _print(events: Iterable[Event]) -> None:
+    for event in events:
+        print(json.dumps(event_json(event), ensure_ascii=False), flush=True)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    ctx = ssl.create_default_context(cafile=args.tls_ca) if args.tls else None
+    subs = [_etype(p) for p in args.patterns] if args.command == "subscribe" else []
+    async with EventerClient.connect(args.host, args.port, args.client_name, token=args.token,
+                                     subscriptions=subs, ssl_context=ctx) as client:
+        if args.command == "subscribe":
+            async for batch in client:
+                _print(batch)
+            return 0
+        if args.command == "register":
+            payload: Payload = None
+            if args.json is not None:
+                payload = JsonPayload(json.loads(args.json))
+            elif args.binary is not None:
+                btype, _, data = args.binary.partition(":")
+                payload = BinaryPayload(btype, bytes.fromhex(data))
+            source = None if args.source_timestamp is None else Timestamp.from_float(
+                args.source_timestamp)
+            events = await client.register([RegisterEvent(_etype(args.type), source, payload)])
+            if events is None:
+                print("eventer: the server refused the registration", file=sys.stderr)
+                return 1
+            _print(events)
+            return 0
+        types = tuple(_etype(t) for t in args.types) if args.types else None
+        last = None
+        if args.last_event_id:
+            server, session, instance = (int(x) for x in args.last_event_id.split(","))
+            last = EventId(server, session, instance)
+        params: QueryParams
+        if args.kind == "latest":
+            params = QueryLatestParams(types)
+        elif args.kind == "timeseries":
+            params = QueryTimeseriesParams(
+                event_types=types, order=Order(args.order), max_results=args.max_results,
+                last_event_id=last)
+        else:
+            params = QueryServerParams(args.server_id, max_results=args.max_results,
+                                       last_event_id=last)
+        result = await client.query(params)
+        _print(result.events)
+        if result.more_follows:
+            print("eventer: more events follow (page on with --last-event-id)",
+                  file=sys.stderr)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="skan-eventer",
+                                description="Eventer client: subscribe, register, query "
+                                            "(events printed as JSON lines).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--client-name", default="skan-eventer-cli")
+    p.add_argument("--token")
+    p.add_argument("--tls", action="store_true")
+    p.add_argument("--tls-ca")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("subscribe", help="print notified events")
+    s.add_argument("patterns", nargs="+", help="event-type patterns, segments joined by '/' "
+                   "(e.g. 'plant/*')")
+    r = sub.add_parser("register", help="register one event, print it as created")
+    r.add_argument("type", help="event type, segments joined by '/'")
+    r.add_argument("--json", help="JSON payload")
+    r.add_argument("--binary", metavar="TYPE:HEX", help="binary payload")
+    r.add_argument("--source-timestamp", type=float)
+    q = sub.add_parser("query", help="print query results")
+    q.add_argument("kind", choices=["latest", "timeseries", "server"])
+    q.add_argument("--types", nargs="*", help="event-type patterns ('a/*')")
+    q.add_argument("--max-results", type=int)
+    q.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE")
+    q.add_argument("--order", choices=["descending", "ascending"], default="descending")
+    q.add_argument("--server-id", type=int, default=1)
+    args = p.parse_args(argv)
+    try:
+        return trio.run(_run, args)
+    except KeyboardInterrupt:
+        return 130
+    except (EventerError, OSError, ValueError) as exc:
+        print(f"eventer: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

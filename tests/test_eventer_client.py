@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import trio
 
@@ -88,3 +92,45 @@ async def test_requests_fail_once_the_broker_is_gone():
             assert not client.is_open
             with pytest.raises(EventerError):
                 await client.register([RegisterEvent(("z",))])
+
+
+def cli(b, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clients.eventer", "--port", str(b.addr["eventer"][1]),
+         "--token", "t", *args], capture_output=True, text=True, timeout=30)
+
+
+async def test_command_line_register_query_subscribe(tbroker):
+    sub = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "clients.eventer", "--port", str(tbroker.addr["eventer"][1]),
+         "--token", "t", "subscribe", "cli/*"], stdout=subprocess.PIPE)
+    try:
+        await trio.sleep(1.0)  # let it subscribe
+        res = await trio.to_thread.run_sync(
+            cli, tbroker, "register", "cli/x", "--json", '{"v": 1}', "--source-timestamp", "5")
+        assert res.returncode == 0, res.stderr
+        created = json.loads(res.stdout)
+        assert created["type"] == ["cli", "x"] and created["payload"] == {"json": {"v": "1"}}
+        assert created["source_timestamp"] == 5.0
+        res = await trio.to_thread.run_sync(cli, tbroker, "register", "cli", "--binary",
+                                            "raw:00ff")
+        binary = json.loads(res.stdout)
+        assert binary["payload"] == {"binary": {"type": "raw", "data": "AP8="}}
+        res = await trio.to_thread.run_sync(cli, tbroker, "query", "timeseries", "--types",
+                                            "cli/*", "--max-results", "1")
+        assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == [binary["id"]]
+        assert "more events follow" in res.stderr
+        buf = b""
+        with trio.fail_after(10):
+            while buf.count(b"\n") < 2:
+                buf += await sub.stdout.receive_some(65536)
+        assert [json.loads(line)["id"] for line in buf.decode().splitlines()] == [
+            created["id"], binary["id"]]
+    finally:
+        sub.kill()
+        await sub.wait()
+    res = await trio.to_thread.run_sync(
+        lambda: subprocess.run([sys.executable, "-m", "clients.eventer", "--port",
+                                str(tbroker.addr["eventer"][1]), "query", "latest"],
+                               capture_output=True, text=True, timeout=30))
+    assert res.returncode == 1 and "token" in res.stderr
