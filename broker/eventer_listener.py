@@ -32,6 +32,12 @@ from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
+# Patterns one client may subscribe.  Each is checked on every recipient-set
+# cache miss for every routed type, so an unbounded list from one client would
+# slow routing for all; Hat clients use a handful.
+MAX_SUBSCRIPTIONS = 10_000
+
+
 def check_subscription(pattern: w.EventType) -> str | None:
     """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
     if any(seg == "*" for seg in pattern[:-1]):
@@ -194,6 +200,9 @@ class EventerConnection(QueuedEndpoint):
         reason = None
         if token is not None and r.client_token != token:
             reason = "client token does not match the server's"
+        if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
+            reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
+                                f"(at most {MAX_SUBSCRIPTIONS} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:

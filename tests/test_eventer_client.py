@@ -71,6 +71,14 @@ async def test_wrong_token_raises_init_error(tbroker):
             pass  # pragma: no cover
 
 
+async def test_too_many_subscriptions_are_refused(tbroker):
+    with pytest.raises(EventerInitError, match="too many subscriptions"):
+        async with connect(tbroker, subscriptions=[("s", str(i)) for i in range(10_001)]):
+            pass  # pragma: no cover
+    async with connect(tbroker, subscriptions=[("s", str(i)) for i in range(10_000)]) as c:
+        assert c.status is Status.OPERATIONAL
+
+
 async def test_server_that_never_answers_times_out():
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", 0))
