@@ -216,10 +216,11 @@ async def test_bad_subscription_pattern_is_refused(ebroker):
 
 
 async def test_pings_both_ways_keep_a_hat_client_connected(ebroker):
-    # The client pings after 0.2 s idle; the broker pings after 0.5 s idle.
-    peer, _ = await hat_client(ebroker, ping_delay=0.2, ping_timeout=0.5)
+    # The client pings after 0.2 s idle and closes when a pong is 1.5 s late;
+    # the broker pings after 0.5 s idle.  Several rounds each way:
+    peer, _ = await hat_client(ebroker, ping_delay=0.2, ping_timeout=1.5)
     async with peer:
-        await peer.call("sleep", seconds=2.0)
+        await peer.call("sleep", seconds=3.0)
         assert (await peer.call("state"))["is_open"]
 
 

@@ -3,8 +3,8 @@
 Run with the HAT08_PEER venv's python: ``seed_chatter_client.py PORT``.
 Prints one JSON line per step: init, notify (after the test publishes to
 group "seed"), register, then whether the connection survived several
-ping rounds (ping_timeout 0.3 s: hat-chatter 0.5 pings every 0.3 s and
-closes when a pong is late).
+ping rounds (ping_timeout 0.5 s: hat-chatter 0.5 pings every 0.5 s and
+closes when a pong is later than that).
 """
 
 import asyncio
@@ -25,7 +25,7 @@ def out(**kw):
 async def main(port):
     repo = sbs.Repository(chatter.sbs_repo, sbs.Repository.from_json(
         HERE / "hat_event_0.9.44_sbs_repo.json"))
-    conn = await chatter.connect(repo, f"tcp+sbs://127.0.0.1:{port}", ping_timeout=0.3)
+    conn = await chatter.connect(repo, f"tcp+sbs://127.0.0.1:{port}", ping_timeout=0.5)
     conv = conn.send(chatter.Data("HatEventer", "MsgInitReq", {
         "clientName": "seed/client", "clientToken": ("none", None),
         "subscriptions": [["seed", "*"]], "serverId": ("none", None), "persisted": False}),
@@ -45,7 +45,7 @@ async def main(port):
     kind, evs = res.data.data
     out(register=kind, same_conv=res.conv == conv, type=res.data.type,
         registered_type=evs[0]["type"])
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(1.6)
     out(open=conn.is_open)
     await conn.async_close()
 
