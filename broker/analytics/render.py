@@ -16,11 +16,13 @@ from typing import Any
 from matplotlib import dates as mdates
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from broker.analytics.report import Report, Table
 
 # Longest label drawn on a chart axis (group names and lnames can be long).
 LABEL_CHARS = 28
+THOUSANDS = "{x:,.0f}"
 
 
 def _cell(value: Any) -> str:
@@ -94,7 +96,7 @@ def _barh(path: str, table: Table, label: str, value: str, title: str, xlabel: s
     ax.barh([_short(r[li]) for r in rows], [r[vi] for r in rows], color="#3b73b9")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
-    ax.ticklabel_format(axis="x", style="plain")
+    ax.xaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
     fig.savefig(path)
 
 
@@ -130,6 +132,7 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
         ax.set_title("Fan-out distribution")
         ax.set_xlabel("copies delivered per message")
         ax.set_ylabel("messages")
+        ax.yaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
         fig.savefig(target("fanout"))
     mix = tables["protocols"]
     if mix.rows:
@@ -140,6 +143,7 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
                label="copies delivered")
         ax.set_xticks(list(xs), [r[0] for r in mix.rows])
         ax.set_title("Protocol mix")
+        ax.yaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
         ax.legend()
         fig.savefig(target("protocols"))
     series = tables["per_minute"]
@@ -151,6 +155,7 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
         ax.plot(minutes, [r[4] for r in series.rows], marker=".", label="undeliverable")
         ax.set_title("Traffic per minute (UTC)")
         ax.set_ylabel("per minute")
+        ax.yaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
         ax.legend()
         locator = mdates.AutoDateLocator()
         ax.xaxis.set_major_locator(locator)

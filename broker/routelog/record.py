@@ -69,15 +69,19 @@ class RecordBuffer:
     than handing the ``Routed`` objects to the writer thread: those hold
     GC-tracked headers and endpoints, and keeping thousands of them alive
     makes every garbage collection slower, while finished lines are plain
-    strings the collector ignores.  Everything that repeats is cached per
-    (sender, group, instance, to, recipient tuple): the prefix
+    strings the collector ignores.
+
+    Everything that repeats is cached: the prefix
     ``"lname":..,"proto":..,"group":..,"instance":..,"to":..`` and the suffix
     ``,"recipients":{..},"delivered":N,"undeliverable":..}``, so only the time,
-    ``seq`` and size are formatted per message.
-
-    The recipient tuple is keyed by ``id``: the router hands out one tuple
-    per routing key until a subscription changes, and the cache entry holds
-    the tuple, so the id cannot be reused for another tuple while cached.
+    ``seq`` and size are formatted per message.  The cache key is (sender,
+    recipient tuple): the router builds one new tuple per routing key
+    (group, instance, to, reply) and hands that same tuple out for every
+    message of the key until a subscription changes, so the tuple stands for
+    the key.  It is keyed by ``id`` and the cache entry holds the tuple, so
+    the id cannot be reused by another tuple while cached.  The empty tuple
+    is shared by every key without recipients, so undeliverable messages are
+    keyed by (sender, group, instance, to) instead.
 
     ``on_full`` is called when ``limit`` lines are buffered; ``take`` empties
     the buffer.
@@ -90,10 +94,13 @@ class RecordBuffer:
         self._parts: dict[tuple, tuple[str, str, tuple[Endpoint, ...]]] = {}
 
     def add(self, routed: Routed) -> None:
-        h = routed.header
         recips = routed.recipients
-        key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"], id(recips))
-        parts = self._parts.get(key) or self._new_parts(key, routed)
+        h = routed.header
+        if recips:
+            parts = self._parts.get((routed.sender, id(recips))) or self._new_parts(routed)
+        else:
+            key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
+            parts = self._parts.get(key) or self._new_parts(routed)
         seq = h.get(b"seq")
         sq = seq.decode() if type(seq) is bytes and seq.isdigit() else _seq(seq)
         lines = self.lines
@@ -108,23 +115,26 @@ class RecordBuffer:
         lines, self.lines = self.lines, []
         return lines
 
-    def _new_parts(self, key: tuple, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
+    def _new_parts(self, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
         if len(self._parts) >= PARTS_CACHE:
             self._parts.clear()
-        sender, group, instance, to, _ = key
+        sender, recips, h = routed.sender, routed.recipients, routed.header
+        group, instance, to = h[b"group"], h[b"instance"], h[b"to"]
         prefix = (
             f'"lname":{json_str(sender.lname)},"proto":{json_str(sender.protocol.encode())},'
             f'"group":{json_str(group)},"instance":{json_str(instance)},"to":{json_str(to)}'
         )
         d = routed.delivered
         suffix = (
-            f',"recipients":{recipients_json(routed.recipients, sender)},"delivered":{d},'
+            f',"recipients":{recipients_json(recips, sender)},"delivered":{d},'
             f'"undeliverable":{"false" if d else "true"}}}\n'
         )
-        parts = (prefix, suffix, routed.recipients)
-        self._parts[key] = parts
+        parts = (prefix, suffix, recips)
+        if recips:
+            self._parts[(sender, id(recips))] = parts
+        else:
+            self._parts[(sender, group, instance, to)] = parts
         return parts
-
 
 def _seq(seq: object) -> str:
     """``seq`` string contents, escaped (without quotes); empty when absent."""

@@ -136,3 +136,17 @@ def test_fragment_cache_is_bounded(router):
     assert len(buf._parts) <= PARTS_CACHE
     last = json.loads(buf.lines[-1])
     assert last["group"] == f"g{PARTS_CACHE + 9}"
+
+
+def test_routing_keys_with_equal_recipients_keep_their_own_fields(router):
+    # The cache relies on the router building one tuple per routing key: two
+    # keys with the same subscriber set must still log their own group.
+    pub, sub = sink(router), sink(router)
+    for g in (b"g1", b"g2"):
+        router.subscribe(sub, g, b"*", NORMAL)
+    routed = [send(router, pub, group=g, instance=i)
+              for g in (b"g1", b"g2", b"g1") for i in (b"*", b"a")]
+    recs = records([*routed, send(router, pub, group=b"none1"), send(router, pub, group=b"n2")])
+    assert [(r["group"], r["instance"], r["delivered"]) for r in recs] == [
+        ("g1", "*", 1), ("g1", "a", 1), ("g2", "*", 1), ("g2", "a", 1), ("g1", "*", 1),
+        ("g1", "a", 1), ("none1", "*", 0), ("n2", "*", 0)]
