@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 
-from broker.router import Endpoint, Routed
+from broker.router import Endpoint, Routed, Router
 
 # Record fields, in the order they are written (the analytics schema must match).
 FIELDS = (
@@ -83,14 +83,21 @@ class RecordBuffer:
     is shared by every key without recipients, so undeliverable messages are
     keyed by (sender, group, instance, to) instead.
 
+    Entries hold endpoints and tuples alive, so the cache is emptied at the
+    first miss after any subscription or connection change (the router's
+    ``generation``): tuples of older generations will not be seen again.
+
     ``on_full`` is called when ``limit`` lines are buffered; ``take`` empties
     the buffer.
     """
 
-    def __init__(self, limit: int, on_full: Callable[[], None]) -> None:
+    def __init__(self, limit: int, on_full: Callable[[], None],
+                 router: Router | None = None) -> None:
         self.lines: list[str] = []
         self.limit = limit
         self.on_full = on_full
+        self._router = router
+        self._generation = -1
         self._parts: dict[tuple, tuple[str, str, tuple[Endpoint, ...]]] = {}
 
     def add(self, routed: Routed) -> None:
@@ -116,8 +123,10 @@ class RecordBuffer:
         return lines
 
     def _new_parts(self, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
-        if len(self._parts) >= PARTS_CACHE:
+        generation = self._router.generation if self._router is not None else 0
+        if len(self._parts) >= PARTS_CACHE or generation != self._generation:
             self._parts.clear()
+            self._generation = generation
         sender, recips, h = routed.sender, routed.recipients, routed.header
         group, instance, to = h[b"group"], h[b"instance"], h[b"to"]
         prefix = (

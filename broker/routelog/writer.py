@@ -95,7 +95,7 @@ class RoutingLog:
         # Set when the writer thread died of an unexpected exception.
         self.failure: BaseException | None = None
         self.waits_source: Callable[[], int] = lambda: 0
-        self.buffer = RecordBuffer(self.handoff_size, self.handoff)
+        self.buffer: RecordBuffer | None = None
         self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
         self._file: LogFile | None = None
         self._stopping = False
@@ -109,11 +109,12 @@ class RoutingLog:
 
     def attach(self, router: Router) -> None:
         """Register the observer: it never blocks and never fails."""
+        self.buffer = RecordBuffer(self.handoff_size, self.handoff, router)
         router.observers.append(self.buffer.add)
 
     def handoff(self) -> None:
         """Give the buffered lines to the writer; close the gate past the bound."""
-        if not self.buffer.lines:
+        if self.buffer is None or not self.buffer.lines:
             return
         pending = self.buffer.take()
         self.handed += len(pending)
@@ -142,7 +143,8 @@ class RoutingLog:
 
     @property
     def queued(self) -> int:
-        return self.handed + len(self.buffer.lines) - self.records - self.lost
+        pending = len(self.buffer.lines) if self.buffer is not None else 0
+        return self.handed + pending - self.records - self.lost
 
     @property
     def lag_seconds(self) -> float:

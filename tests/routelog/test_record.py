@@ -150,3 +150,15 @@ def test_routing_keys_with_equal_recipients_keep_their_own_fields(router):
     assert [(r["group"], r["instance"], r["delivered"]) for r in recs] == [
         ("g1", "*", 1), ("g1", "a", 1), ("g2", "*", 1), ("g2", "a", 1), ("g1", "*", 1),
         ("g1", "a", 1), ("none1", "*", 0), ("n2", "*", 0)]
+
+
+def test_cache_lets_go_of_old_endpoints_after_a_change(router):
+    pub, sub = sink(router), sink(router)
+    router.subscribe(sub, b"g", b"*", NORMAL)
+    buf = RecordBuffer(1 << 30, lambda: None, router)
+    buf.add(send(router, pub))
+    assert any(sub in parts[2] for parts in buf._parts.values())
+    router.detach(sub)
+    buf.add(send(router, pub))
+    assert not any(sub in parts[2] for parts in buf._parts.values())
+    assert json.loads(buf.lines[-1])["recipients"] == {}
