@@ -45,9 +45,13 @@ class MarinerBridgeEndpoint(Endpoint):
 
     protocol = "bridge-mariner"
 
+    def __init__(self, router: Router) -> None:
+        super().__init__()
+        self.router = router
+
     def deliver(self, frame: bytes, routed: Routed) -> None:
         # A Mariner server accepts nothing from its clients.
-        self.dropped += 1
+        self.router.counters.drop(self.protocol, "one-way")
 
 
 class MarinerBridge:
@@ -63,7 +67,7 @@ class MarinerBridge:
         self.ping_delay = ping_delay
         self.ping_timeout = ping_timeout
         self.grace = grace
-        self.ep = MarinerBridgeEndpoint()
+        self.ep = MarinerBridgeEndpoint(router)
         self.last_event_id: mw.EventId | None = None
         self.skipped = 0
         self._seq = 0

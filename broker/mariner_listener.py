@@ -82,7 +82,7 @@ class MarinerEndpoint(QueuedEndpoint):
         # While a replay runs: live events messages held back until it ends.
         self._held: list[tuple[bytes, int]] | None = None
         self._held_size = 0
-        # Messages lost because the retention ring overflowed before the replay reached them.
+        # Set once retained messages were evicted before the replay reached them.
         self.replay_gap = False
 
     # ---- incoming ----------------------------------------------------------
@@ -157,8 +157,7 @@ class MarinerEndpoint(QueuedEndpoint):
             # Never let one message's encoding disturb the sender's connection.
             log.exception("mariner: cannot encode session %d instance %d as an event",
                           routed.session, routed.instance)
-            self.dropped += 1
-            self.router.counters.dropped += 1
+            self.router.counters.drop("mariner", "unencodable")
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []

@@ -92,6 +92,10 @@ async def test_bridge_from_hat_server_routes_events_and_resumes():
                 assert len(senders) == 1 and sub.lname not in senders
                 bridge_lname = senders.pop()
                 await quiet(other)
+                # Mariner is one-way: a reply directed at the bridge is counted as dropped.
+                before = int((await sub.stats())["dropped"])
+                await sub.send("remote", "to the bridge", to=bridge_lname, repl="1")
+                assert int((await sub.stats())["dropped"]) == before + 1
 
                 # The server drops the connection: the bridge reconnects and resumes.
                 await server.send({"close": True})
