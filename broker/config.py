@@ -120,6 +120,8 @@ class MetricsSection:
     # client blow up the scrape size and Prometheus' memory.
     groups: tuple[str, ...] = ()
     top_groups: int = attrs.field(default=10, validator=_non_negative)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 @attrs.frozen
@@ -284,7 +286,7 @@ def validate(config: Config) -> None:
             f"must be at least broker.max_frame (one frame must fit) and {MIN_QUEUE_LIMIT} "
             "(the high-water mark plus two received chunks)",
         )
-    for name in ("skan", "hsp", "eventer", "mariner"):
+    for name in ("skan", "hsp", "eventer", "mariner", "metrics"):
         section = getattr(config, name)
         if (section.tls_cert is None) != (section.tls_key is None):
             raise ConfigError(f"{name}.tls_cert", "tls_cert and tls_key go together")

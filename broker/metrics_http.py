@@ -140,7 +140,9 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     def render() -> bytes:
         return generate_latest(registry)
 
-    listeners = await open_listeners(cfg.broker.host, cfg.metrics.port)
+    listeners = await open_listeners(
+        cfg.broker.host, cfg.metrics.port, cfg.metrics.tls_cert, cfg.metrics.tls_key
+    )
     active = 0
 
     async def handle(stream: trio.abc.Stream) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 import attrs
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,12 +17,15 @@ class Response:
 
 
 class RawHTTP:
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.buf = b""
 
     @classmethod
-    async def open(cls, addr: tuple[str, int]) -> RawHTTP:
+    async def open(cls, addr: tuple[str, int], ssl_context: ssl.SSLContext | None = None
+                   ) -> RawHTTP:
+        if ssl_context is not None:
+            return cls(await trio.open_ssl_over_tcp_stream(*addr, ssl_context=ssl_context))
         return cls(await trio.open_tcp_stream(*addr))
 
     async def send(self, data: bytes) -> None:
