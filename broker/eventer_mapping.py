@@ -8,13 +8,13 @@ Eventer bridge and queries.
 
 from __future__ import annotations
 
-import math
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 
 from broker import events
 from broker.router import Routed
 from wire import eventer as w
 from wire.chatter.sbs import encode_integer
+from wire.hattime import split_timestamp
 
 
 def payload_to_wire(p: events.Payload) -> w.Payload:
@@ -95,12 +95,7 @@ def _type_bytes(group: bytes, instance: bytes) -> bytes:
 
 
 def _timestamp(t: float) -> bytes:
-    # Same rounding as wire.eventer.Timestamp.from_float.
-    s = math.floor(t)
-    us = round((t - s) * 1_000_000)
-    if us >= 1_000_000:
-        s += 1
-        us -= 1_000_000
+    s, us = split_timestamp(t)
     if s != _second[0]:
         _second[0] = s
         _second[1] = encode_integer(s)

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from broker.router import STAR, Routed
+from wire.hattime import join_timestamp, split_timestamp
 from wire.skan import Nested, encode_frame, item_bytes
 
 PAYLOAD_TYPE_TAG = b"payload-type"
@@ -101,17 +102,9 @@ def pattern_bytes(pattern: tuple[str, ...] | list[str]) -> tuple[bytes, ...]:
 # ---- timestamps -------------------------------------------------------------
 
 
-def timestamp_parts(t: float) -> tuple[int, int]:
-    """A router timestamp (float seconds) as Hat's (s, us), us in 0..999999."""
-    s = math.floor(t)
-    us = round((t - s) * 1_000_000)
-    if us >= 1_000_000:
-        return s + 1, us - 1_000_000
-    return s, us
-
-
-def timestamp_from_parts(s: int, us: int) -> float:
-    return s + us / 1_000_000
+# Hat's (s, us) split of router timestamps; one implementation in wire/.
+timestamp_parts = split_timestamp
+timestamp_from_parts = join_timestamp
 
 
 # ---- SBS payload names ------------------------------------------------------

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from typing import Any
 
 import attrs
 
 from wire.chatter import sbs
+from wire.hattime import split_timestamp
 
 EventType = tuple[str, ...]
 
@@ -47,11 +47,7 @@ class Timestamp:
 
     @classmethod
     def from_float(cls, t: float) -> Timestamp:
-        s = math.floor(t)
-        us = round((t - s) * 1_000_000)
-        if us >= 1_000_000:
-            return cls(s + 1, us - 1_000_000)
-        return cls(s, us)
+        return cls(*split_timestamp(t))
 
     def to_float(self) -> float:
         return self.s + self.us * 1e-6
