@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from clients.common import open_stream
 from wire.chatter import ChatterError, Conversation, Envelope
 from wire.eventer import (
     BinaryPayload,
@@ -121,11 +122,7 @@ class EventerClient:
         """
         stream: trio.abc.Stream
         with trio.move_on_after(connect_timeout) as scope:
-            if ssl_context is not None:
-                stream = await trio.open_ssl_over_tcp_stream(host, port,
-                                                             ssl_context=ssl_context)
-            else:
-                stream = await trio.open_tcp_stream(host, port)
+            stream = await open_stream(host, port, ssl_context)
         if scope.cancelled_caught:
             raise EventerTimeout(f"no connection to {host}:{port} within {connect_timeout}s")
         request = InitReq(client_name, token, tuple(tuple(s) for s in subscriptions),

@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from clients.common import ReceiveIterator, open_stream
 from clients.skan import SkanClient
 from wire.hsp import (
     DATA_ACK,
@@ -75,7 +76,7 @@ class HSPClosed(Exception):
 Received = Data | DataAck
 
 
-class HSPPeer:
+class HSPPeer(ReceiveIterator):
     """One HSP connection, either side.
 
     Sending never needs a background task; receiving does: either run
@@ -261,24 +262,9 @@ class HSPPeer:
     async def receive(self) -> Received:
         return await self._inbox.receive()
 
-    def __aiter__(self) -> HSPPeer:
-        return self
-
-    async def __anext__(self) -> Received:
-        try:
-            return await self._inbox.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         self._close()
         await trio.aclose_forcefully(self.stream)
-
-
-async def _open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None) -> trio.abc.Stream:
-    if ssl_context is not None:
-        return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-    return await trio.open_tcp_stream(host, port)
 
 
 class HSPClient(HSPPeer):
@@ -294,7 +280,7 @@ class HSPClient(HSPPeer):
         ssl_context: ssl.SSLContext | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[HSPClient]:
-        stream = await _open_stream(host, port, ssl_context)
+        stream = await open_stream(host, port, ssl_context)
         peer = cls(stream, **kwargs)
         try:
             async with trio.open_nursery() as nursery:

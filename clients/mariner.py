@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from clients.common import ReceiveIterator, open_stream
 from wire import mariner as mw
 
 DEFAULT_PORT = 23014
@@ -47,7 +48,7 @@ class MarinerClosed(ConnectionError):
         self.reason = reason
 
 
-class MarinerClient:
+class MarinerClient(ReceiveIterator):
     """One connection to a Mariner server.  Use :meth:`connect`, then ``async with``."""
 
     def __init__(self, stream: trio.abc.Stream, *, ping_delay: float, ping_timeout: float,
@@ -82,11 +83,7 @@ class MarinerClient:
 
         Keyword arguments are those of :meth:`over`.
         """
-        stream: trio.abc.Stream
-        if ssl_context is not None:
-            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-        else:
-            stream = await trio.open_tcp_stream(host, port)
+        stream = await open_stream(host, port, ssl_context)
         async with cls.over(stream, **kwargs) as client:
             yield client
 
@@ -161,15 +158,6 @@ class MarinerClient:
         if batch:
             self.last_event_id = batch[-1].id
         return batch
-
-    def __aiter__(self) -> MarinerClient:
-        return self
-
-    async def __anext__(self) -> tuple[mw.Event, ...]:
-        try:
-            return await self.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
 
     def _end(self, reason: str, failed: bool) -> None:
         if self.close_reason is None:

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from clients.common import ReceiveIterator, open_stream
 from wire.skan import FrameSplitter, decode, encode_frame
 
 DEFAULT_PORT = 9912
@@ -83,7 +84,7 @@ def strkeys(value: Any) -> Any:
     return value
 
 
-class SkanClient:
+class SkanClient(ReceiveIterator):
     """One connection to a broker.  Use :meth:`connect`, then ``async with``."""
 
     def __init__(self, stream: trio.abc.Stream, *, max_frame: int = 8 << 20,
@@ -116,11 +117,7 @@ class SkanClient:
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
         """Connect, ask for the lname, and run the reader until the block exits."""
-        stream: trio.abc.Stream
-        if ssl_context is not None:
-            stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-        else:
-            stream = await trio.open_tcp_stream(host, port)
+        stream = await open_stream(host, port, ssl_context)
         client = cls(stream, **kwargs)
         try:
             async with trio.open_nursery() as nursery:
@@ -217,15 +214,6 @@ class SkanClient:
 
     async def receive(self) -> Message:
         return await self._inbox.receive()
-
-    def __aiter__(self) -> SkanClient:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self._inbox.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
 
     async def _reader(self) -> None:
         try:
