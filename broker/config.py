@@ -72,56 +72,59 @@ class BrokerSection:
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
 
 
+def _port_field(default: int) -> Any:
+    return attrs.field(default=default, validator=_port)
+
+
 @attrs.frozen
-class SkanSection:
-    port: int = attrs.field(default=9912, validator=_port)
+class _Listener:
+    """What every listener section has: its port and TLS (cert and key together)."""
+
+    port: int = _port_field(0)
     tls_cert: str | None = None
     tls_key: str | None = None
 
 
 @attrs.frozen
-class HSPSection:
-    port: int = attrs.field(default=9913, validator=_port)
+class SkanSection(_Listener):
+    port: int = _port_field(9912)
+
+
+@attrs.frozen
+class _PeerListener(_Listener):
+    """A listener that can be turned off and keeps idle peers alive with pings."""
+
     enabled: bool = True
     ping_delay: float = attrs.field(default=30.0, validator=_positive)
     ping_timeout: float = attrs.field(default=10.0, validator=_positive)
-    tls_cert: str | None = None
-    tls_key: str | None = None
 
 
 @attrs.frozen
-class EventerSection:
-    port: int = attrs.field(default=23012, validator=_port)
-    enabled: bool = True
+class HSPSection(_PeerListener):
+    port: int = _port_field(9913)
+
+
+@attrs.frozen
+class EventerSection(_PeerListener):
+    port: int = _port_field(23012)
     token: str | None = None
-    ping_delay: float = attrs.field(default=30.0, validator=_positive)
-    ping_timeout: float = attrs.field(default=10.0, validator=_positive)
-    tls_cert: str | None = None
-    tls_key: str | None = None
 
 
 @attrs.frozen
-class MarinerSection:
-    port: int = attrs.field(default=23014, validator=_port)
-    enabled: bool = True
+class MarinerSection(_PeerListener):
+    port: int = _port_field(23014)
     token: str | None = None
-    ping_delay: float = attrs.field(default=30.0, validator=_positive)
-    ping_timeout: float = attrs.field(default=10.0, validator=_positive)
-    tls_cert: str | None = None
-    tls_key: str | None = None
 
 
 @attrs.frozen
-class MetricsSection:
-    port: int = attrs.field(default=9914, validator=_port)
+class MetricsSection(_Listener):
+    port: int = _port_field(9914)
     enabled: bool = True
     # Per-group series are exported only for these groups plus the top-N
     # groups by traffic: one series per arbitrary group name would let any
     # client blow up the scrape size and Prometheus' memory.
     groups: tuple[str, ...] = ()
     top_groups: int = attrs.field(default=10, validator=_non_negative)
-    tls_cert: str | None = None
-    tls_key: str | None = None
 
 
 @attrs.frozen
