@@ -282,3 +282,39 @@ def test_log_disabled_writes_nothing(tmp_path):
     with BrokerProcess("[log]\nenabled = false\n", workdir=tmp_path):
         pass
     assert not (tmp_path / "log").exists()
+
+
+async def test_every_protocol_is_logged(tmp_path):
+    from clients.eventer import EventerClient
+    from clients.hsp import SkanOverHSP
+    from clients.mariner import MarinerClient
+    from wire.eventer import JsonPayload, RegisterEvent
+
+    b = BrokerProcess("", workdir=tmp_path).start()
+    try:
+        async with (
+            MarinerClient.connect(*b.addr["mariner"], client_id="m",
+                                  subscriptions=[("plant", "*")]) as mariner,
+            SkanClient.connect(*b.skan) as skan_sub,
+            SkanOverHSP.connect(*b.addr["hsp"]) as hsp_pub,
+            EventerClient.connect(*b.addr["eventer"], "log-test") as eventer_pub,
+        ):
+            await mariner.barrier()
+            await skan_sub.subscribe("plant", "pump1")
+            await eventer_pub.register([
+                RegisterEvent(("plant", "pump1"), payload=JsonPayload({"n": i})) for i in range(3)
+            ])
+            for i in range(2):
+                await hsp_pub.send("plant", str(i), instance="valve")
+            await hsp_pub.barrier()
+            got = 0
+            while got < 5:
+                got += len(await mariner.receive())
+            eventer_lname = (await skan_sub.receive()).sender
+    finally:
+        assert b.stop() == 0
+    records = read_log(tmp_path / "log")
+    assert [(r["proto"], r["instance"], r["recipients"]) for r in records] == [
+        ("eventer", "pump1", {"mariner": 1, "skan": 1})] * 3 + [
+        ("hsp", "valve", {"mariner": 1})] * 2
+    assert {r["lname"] for r in records[:3]} == {eventer_lname}
