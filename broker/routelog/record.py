@@ -109,7 +109,10 @@ class RecordBuffer:
             key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
             parts = self._parts.get(key) or self._new_parts(routed)
         seq = h.get(b"seq")
-        sq = seq.decode() if type(seq) is bytes and seq.isdigit() else _seq(seq)
+        try:
+            sq = seq.decode() if seq.isdigit() else _seq(seq)
+        except AttributeError:  # no seq, or not DATA (zero-cost when not raised)
+            sq = _seq(seq)
         lines = self.lines
         lines.append(
             f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'

@@ -162,3 +162,16 @@ def test_cache_lets_go_of_old_endpoints_after_a_change(router):
     buf.add(send(router, pub))
     assert not any(sub in parts[2] for parts in buf._parts.values())
     assert json.loads(buf.lines[-1])["recipients"] == {}
+
+
+def test_missing_or_nested_seq_is_logged_empty(router):
+    pub = sink(router)
+    routed = []
+    for seq in ({}, [b"1"], None):
+        message = {"type": "send", "from": pub.lname, "to": "*", "group": "g", "instance": "*",
+                   "msg": b"m"}
+        if seq is not None:
+            message["seq"] = seq
+        frame = encode_frame(message)
+        routed.append(router.route(pub, frame, decode_header(frame, 4)))
+    assert [r["seq"] for r in records(routed)] == ["", "", ""]
