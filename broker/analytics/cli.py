@@ -1,12 +1,12 @@
-"""``skan-analytics``: ``stream`` and ``report`` over a routing-log directory.
+"""skan-analytics: the stream and report jobs over a routing-log directory.
 
     skan-analytics report --log-dir var/routing-log --out report/
     skan-analytics stream --log-dir var/routing-log --checkpoint ckpt/ --output traffic/ --once
     spark-submit --master spark://host:7077 broker/analytics/cli.py report --log-dir ...
 
-Default master ``local[*]``; ``--master`` picks another; under ``spark-submit``
-the master (and every other setting) comes from spark-submit unless
-``--master`` is given here too.  ``--conf key=value`` passes Spark settings.
+Default master local[*]; --master picks another; under spark-submit the
+master (and every other setting) comes from spark-submit unless --master is
+given here too.  --conf key=value passes Spark settings.  See docs/analytics.md.
 """
 
 from __future__ import annotations
