@@ -12,6 +12,7 @@ import gc
 import os
 import pathlib
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -51,12 +52,13 @@ class Broker:
         self.address = address
         self.proc: subprocess.Popen | None = None
         self.addr: dict[str, tuple[str, int]] = {}
+        self.work: pathlib.Path | None = None
 
     def __enter__(self) -> Broker:
         if self.address:
             self.addr["skan"] = self.address
             return self
-        work = pathlib.Path(tempfile.mkdtemp(prefix="skan-bench-"))
+        work = self.work = pathlib.Path(tempfile.mkdtemp(prefix="skan-bench-"))
         (work / "broker.toml").write_text(self.config)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
@@ -104,6 +106,10 @@ class Broker:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        if self.work is not None:
+            # A benchmark run logs gigabytes of routing records: never leave them behind.
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 async def raw_connect(addr: tuple[str, int]) -> tuple[trio.SocketStream, bytes]:
@@ -182,8 +188,37 @@ async def throughput(addr: tuple[str, int], publishers: int, subscribers: int,
                   window["dt"], cpu)
 
 
+async def stats(stream: trio.SocketStream) -> dict[bytes, object]:
+    await stream.send_all(encode_frame({"type": "stats"}))
+    splitter = FrameSplitter(1 << 20)
+    while True:
+        frames = splitter.feed(await stream.receive_some(65536))
+        if frames:
+            return decode(frames[0][4:])[b"stats"]
+
+
+async def settle(addr: tuple[str, int], quiet: float = 0.5, timeout: float = 30.0) -> None:
+    """Wait until the broker routes nothing for ``quiet`` seconds.
+
+    After a throughput scenario the kernel still holds megabytes the closed
+    publishers sent; the broker routes them for a while, and a latency
+    measurement taken meanwhile would measure that backlog, not latency.
+    """
+    stream, _ = await raw_connect(addr)
+    with trio.move_on_after(timeout):
+        last = (await stats(stream))[b"messages_in"]
+        while True:
+            await trio.sleep(quiet)
+            now = (await stats(stream))[b"messages_in"]
+            if now == last:
+                break
+            last = now
+    await stream.aclose()
+
+
 async def latency(addr: tuple[str, int], rate: int, seconds: float) -> tuple[float, float, int]:
     """Send ``rate`` msgs/s (in 1 ms ticks) carrying a timestamp; return p50, p99 (ms), count."""
+    await settle(addr)
     group = f"latency-{time.monotonic_ns()}"
     sub = await subscribe(addr, group)
     pub, lname = await raw_connect(addr)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +26,12 @@ class BrokerProcess:
 
     def __init__(self, config: str = "", args: tuple[str, ...] = (), *,
                  workdir: pathlib.Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="skan-broker-"))
+        if workdir is None:
+            workdir = pathlib.Path(tempfile.mkdtemp(prefix="skan-broker-"))
+            # Tests may read the routing log after stopping the broker, so the
+            # directory goes when the test process ends, not at stop().
+            atexit.register(shutil.rmtree, workdir, True)
+        self.workdir = workdir
         self.config_path = self.workdir / "broker.toml"
         self.config_path.write_text(config)
         self.args = args
