@@ -23,12 +23,10 @@ import time
 
 import trio
 
-from bench.onoff import compare, in_process, parse_args
-from bench.skan_load import PAYLOAD, Broker, send_frame
+from bench.onoff import compare, fan_out, in_process, parse_args
+from bench.skan_load import Broker
 from broker.latency import RouteLatency
 from broker.router import Router
-from broker.skan_listener import SkanConnection
-from wire.skan import encode_frame
 
 ON = "[metrics]\nenabled = true\n"
 OFF = "[metrics]\nenabled = false\n"
@@ -55,21 +53,7 @@ def chunk_cost(subscribers: int, metrics: bool, chunks: int = 20) -> float:
     if metrics:
         router.group_stats = {}
         router.latency = RouteLatency()
-    limit = 1 << 30
-
-    def connection() -> SkanConnection:
-        conn = SkanConnection(router, limit, "drop", 8 << 20)
-        router.attach(conn)
-        conn.on_bytes(encode_frame({"type": "getlname"}))
-        return conn
-
-    pub = connection()
-    subs = [connection() for _ in range(subscribers)]
-    for sub in subs:
-        sub.on_bytes(encode_frame({"type": "subscribe", "group": "bench", "instance": "*"}))
-    frame = send_frame(pub.lname, "bench", b"x" * PAYLOAD)
-    per_chunk = (256 * 1024) // len(frame)
-    chunk = frame * per_chunk
+    pub, subs, chunk, per_chunk = fan_out(router, subscribers)
     counters = router.counters
     best = float("inf")
     for _ in range(chunks):

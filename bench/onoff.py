@@ -14,7 +14,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from bench.skan_load import Broker, throughput
+from bench.skan_load import PAYLOAD, Broker, send_frame, throughput
+from broker.router import Router
+from broker.skan_listener import SkanConnection
+from wire.skan import encode_frame
 
 SCENARIOS = {"1-1": (1, 1), "1-10": (1, 10)}
 
@@ -60,6 +63,31 @@ async def compare(feature: str, on: str, off: str, args: argparse.Namespace,
             off_rate = statistics.median(r[i] for r in results[(scenario, "off")])
             print(f"{scenario:<5} {what:<13} {feature} off {off_rate:>12,.0f}   "
                   f"on {on_rate:>12,.0f}   cost {(off_rate - on_rate) / off_rate:+.1%}")
+
+
+def fan_out(router: Router, subscribers: int) -> tuple[
+    SkanConnection, list[SkanConnection], bytes, int
+]:
+    """A publisher and ``subscribers`` subscribers of group "bench" on ``router``, in process.
+
+    Returns them with one 256 KiB chunk of the publisher's 100-byte messages
+    and the number of messages in it, for timing the real routing path.
+    """
+    limit = 1 << 30  # never the bottleneck: queues are emptied between chunks
+
+    def connection() -> SkanConnection:
+        conn = SkanConnection(router, limit, "drop", 8 << 20)
+        router.attach(conn)
+        conn.on_bytes(encode_frame({"type": "getlname"}))
+        return conn
+
+    pub = connection()
+    subs = [connection() for _ in range(subscribers)]
+    for sub in subs:
+        sub.on_bytes(encode_frame({"type": "subscribe", "group": "bench", "instance": "*"}))
+    frame = send_frame(pub.lname, "bench", b"x" * PAYLOAD)
+    per_chunk = (256 * 1024) // len(frame)
+    return pub, subs, frame * per_chunk, per_chunk
 
 
 def in_process(feature: str, chunk_cost: Callable[[int, bool], float], rounds: int = 15,

@@ -26,13 +26,10 @@ import time
 
 import trio
 
-from bench.onoff import compare, in_process, parse_args
-from bench.skan_load import PAYLOAD, send_frame
+from bench.onoff import compare, fan_out, in_process, parse_args
 from broker.routelog.files import LogDirectory
 from broker.routelog.writer import RoutingLog
 from broker.router import Router
-from broker.skan_listener import SkanConnection
-from wire.skan import encode_frame
 
 ON = "[log]\nenabled = true\n"
 OFF = "[log]\nenabled = false\n"
@@ -41,7 +38,6 @@ OFF = "[log]\nenabled = false\n"
 def chunk_cost(subscribers: int, log: bool, chunks: int = 40) -> float:
     """Seconds per message for ``chunks`` 256 KiB chunks, writer caught up at the end."""
     router = Router()
-    limit = 1 << 30
     routelog = None
     if log:
         directory = LogDirectory(tempfile.mkdtemp(prefix="skan-routelog-bench-"), 1)
@@ -51,19 +47,7 @@ def chunk_cost(subscribers: int, log: bool, chunks: int = 40) -> float:
         routelog.attach(router)
         routelog.start()
 
-    def connection() -> SkanConnection:
-        conn = SkanConnection(router, limit, "drop", 8 << 20)
-        router.attach(conn)
-        conn.on_bytes(encode_frame({"type": "getlname"}))
-        return conn
-
-    pub = connection()
-    subs = [connection() for _ in range(subscribers)]
-    for sub in subs:
-        sub.on_bytes(encode_frame({"type": "subscribe", "group": "bench", "instance": "*"}))
-    frame = send_frame(pub.lname, "bench", b"x" * PAYLOAD)
-    per_chunk = (256 * 1024) // len(frame)
-    chunk = frame * per_chunk
+    pub, subs, chunk, per_chunk = fan_out(router, subscribers)
     start = time.perf_counter()
     for _ in range(chunks):
         for conn in (pub, *subs):
