@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[analytics,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -19,14 +19,14 @@ run: $(STAMP)
 	$(VENV)/bin/skan-broker $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check broker wire clients tests bench
+	$(PY) -m ruff check broker wire clients analytics tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check broker wire clients tests bench
+	$(PY) -m ruff check broker wire clients analytics tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -25,8 +25,8 @@ import trio
 
 from bench.onoff import compare, fan_out, in_process, parse_args
 from bench.skan_load import Broker
-from broker.latency import RouteLatency
-from broker.router import Router
+from broker.core.router import Router
+from broker.observability.latency import RouteLatency
 
 ON = "[metrics]\nenabled = true\n"
 OFF = "[metrics]\nenabled = false\n"

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from bench.skan_load import PAYLOAD, Broker, send_frame, throughput
-from broker.router import Router
-from broker.skan_listener import SkanConnection
+from broker.core.router import Router
+from broker.protocols.skan.listener import SkanConnection
 from wire.skan import encode_frame
 
 SCENARIOS = {"1-1": (1, 1), "1-10": (1, 10)}

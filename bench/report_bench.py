@@ -21,11 +21,11 @@ import shutil
 import tempfile
 import time
 
-from broker.analytics import report
-from broker.analytics.session import build_session
-from broker.routelog.files import LogDirectory
-from broker.routelog.record import RecordBuffer
-from broker.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
+from analytics import report
+from analytics.session import build_session
+from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
+from broker.observability.routelog.files import LogDirectory
+from broker.observability.routelog.record import RecordBuffer
 from wire.skan import decode_header, encode_frame
 
 PROTOCOLS = ("skan", "hsp", "eventer", "mariner")

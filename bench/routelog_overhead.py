@@ -27,9 +27,9 @@ import time
 import trio
 
 from bench.onoff import compare, fan_out, in_process, parse_args
-from broker.routelog.files import LogDirectory
-from broker.routelog.writer import RoutingLog
-from broker.router import Router
+from broker.core.router import Router
+from broker.observability.routelog.files import LogDirectory
+from broker.observability.routelog.writer import RoutingLog
 
 ON = "[log]\nenabled = true\n"
 OFF = "[log]\nenabled = false\n"

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from broker.events import MappingError, json_to_skan
+from broker.core.events import MappingError, json_to_skan
 from clients.hsp import DEFAULT_PORT as HSP_PORT
 from clients.hsp import HSPError, SkanOverHSP
 from clients.skan import (

@@ -9,7 +9,7 @@ import pytest
 def spark():
     """ONE local SparkSession for every analytics test (a JVM start costs seconds)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from broker.analytics.session import build_session
+    from analytics.session import build_session
 
     session = build_session("skan-analytics-tests", "local[2]", {
         "spark.sql.shuffle.partitions": "2",

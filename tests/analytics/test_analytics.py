@@ -16,7 +16,7 @@ import pytest
 import trio
 from pyspark.sql import functions as F
 
-from broker.analytics import cli, report, stream
+from analytics import cli, report, stream
 from clients.hsp import SkanOverHSP
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
@@ -247,7 +247,7 @@ def test_plain_spark_submit_runs_the_report(phase1, tmp_path):
     env.pop("PYTHONPATH", None)  # the script makes its checkout importable itself
     proc = subprocess.run(
         [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
-         str(ROOT / "broker" / "analytics" / "cli.py"), "report", "--log-dir", str(log_dir),
+         str(ROOT / "analytics" / "cli.py"), "report", "--log-dir", str(log_dir),
          "--out", str(tmp_path / "r")],
         env=env, capture_output=True, text=True, timeout=180,
     )

@@ -1,0 +1,182 @@
+"""``skan-analytics report``: a batch job over the routing log.
+
+Computes, with Spark, over every finished log file:
+
+- totals (messages, bytes, deliveries, undeliverable, groups, senders, time span)
+- top groups by messages and by bytes
+- top senders (lname and protocol)
+- fan-out distribution (how many copies each message was delivered as)
+- protocol mix (what clients of each protocol sent and received)
+- a per-minute time series
+- undeliverable messages by group
+
+then prints readable tables, writes one PNG chart per view (matplotlib, Agg)
+and one self-contained HTML page with the charts embedded
+(:mod:`analytics.render`).  The parsed log is cached once and every
+view is a small aggregation over it, so the JSON is parsed a single time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from typing import Any
+
+import attrs
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analytics.schema import read_log, undeliverable_count
+
+DEFAULT_TOP = 10
+# Fan-out buckets: (label, lowest, highest) copies per message.
+FANOUT_BUCKETS = (
+    ("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3-5", 3, 5), ("6-10", 6, 10),
+    ("11-50", 11, 50), ("51-100", 51, 100), ("101-1000", 101, 1000),
+    (">1000", 1001, None),
+)
+
+
+@attrs.define
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@attrs.define
+class Report:
+    log_dir: str
+    totals: dict[str, Any]
+    tables: dict[str, Table]
+    charts: dict[str, str] = attrs.Factory(dict)  # view name -> PNG path
+    html: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def plain(value: Any) -> Any:
+            return value.isoformat() if isinstance(value, dt.datetime) else value
+
+        return {
+            "log_dir": self.log_dir,
+            "totals": {k: plain(v) for k, v in self.totals.items()},
+            "tables": {
+                name: {"title": t.title, "columns": t.columns,
+                       "rows": [[plain(v) for v in row] for row in t.rows]}
+                for name, t in self.tables.items()
+            },
+        }
+
+
+def _traffic(df: DataFrame, *keys: str) -> DataFrame:
+    return df.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("size").alias("bytes"),
+        F.sum("delivered").alias("deliveries"),
+        undeliverable_count().alias("undeliverable"),
+    )
+
+
+def _rows(df: DataFrame, columns: list[str]) -> list[list[Any]]:
+    return [[row[c] for c in columns] for row in df.select(*columns).collect()]
+
+
+def fanout_buckets(counts: dict[int, int]) -> list[list[Any]]:
+    rows = []
+    for label, low, high in FANOUT_BUCKETS:
+        n = sum(c for d, c in counts.items() if d >= low and (high is None or d <= high))
+        rows.append([label, n])
+    return rows
+
+
+def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report:
+    """Run every aggregation; returns plain Python tables."""
+    log = read_log(spark, log_dir).select(
+        "time", "lname", "proto", "group", "size", "recipients", "delivered", "undeliverable"
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        t = log.agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.sum("size").alias("bytes"),
+            F.sum("delivered").alias("deliveries"),
+            undeliverable_count().alias("undeliverable"),
+            F.countDistinct("group").alias("groups"),
+            F.countDistinct("lname").alias("senders"),
+            F.min("time").alias("first"),
+            F.max("time").alias("last"),
+        ).collect()[0].asDict()
+        totals = {k: (v if v is not None else 0) for k, v in t.items()}
+        totals["first"], totals["last"] = t["first"], t["last"]
+        tables: dict[str, Table] = {}
+
+        groups = _traffic(log, "group")
+        gcols = ["group", "messages", "bytes", "deliveries", "undeliverable"]
+        tables["groups_by_messages"] = Table(
+            f"Top {top} groups by messages", gcols,
+            _rows(groups.orderBy(F.desc("messages"), "group").limit(top), gcols))
+        tables["groups_by_bytes"] = Table(
+            f"Top {top} groups by bytes", gcols,
+            _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
+
+        senders = _traffic(log, "lname", "proto")
+        scols = ["lname", "proto", "messages", "bytes", "deliveries"]
+        tables["top_senders"] = Table(
+            f"Top {top} senders by messages", scols,
+            _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))
+
+        fan = {row["delivered"]: row["count"] for row in
+               log.groupBy("delivered").count().collect()}
+        tables["fanout"] = Table("Fan-out: copies delivered per message",
+                                 ["copies", "messages"], fanout_buckets(fan))
+
+        sent = {row["proto"]: row for row in _traffic(log, "proto").collect()}
+        received = {
+            row["protocol"]: row for row in
+            log.select(F.explode("recipients").alias("protocol", "copies"), "size")
+            .groupBy("protocol").agg(F.sum("copies").alias("deliveries"),
+                                     F.sum(F.col("copies") * F.col("size")).alias("bytes_out"))
+            .collect()
+        }
+        mix = []
+        for proto in sorted(set(sent) | set(received)):
+            s, r = sent.get(proto), received.get(proto)
+            mix.append([proto, s["messages"] if s else 0, s["bytes"] if s else 0,
+                        s["undeliverable"] if s else 0, r["deliveries"] if r else 0,
+                        r["bytes_out"] if r else 0])
+        tables["protocols"] = Table(
+            "Protocol mix (sent by clients of the protocol / delivered to them)",
+            ["protocol", "messages_in", "bytes_in", "undeliverable", "deliveries_out",
+             "bytes_out"], mix)
+
+        minutes = _traffic(log.withColumn("minute", F.date_trunc("minute", "time")), "minute")
+        mcols = ["minute", "messages", "bytes", "deliveries", "undeliverable"]
+        tables["per_minute"] = Table("Traffic per minute (UTC)", mcols,
+                                     _rows(minutes.orderBy("minute"), mcols))
+
+        undeliv = groups.where(F.col("undeliverable") > 0).withColumn(
+            "rate", F.col("undeliverable") / F.col("messages"))
+        ucols = ["group", "undeliverable", "messages", "rate"]
+        tables["undeliverable"] = Table(
+            f"Top {top} groups by undeliverable messages", ucols,
+            _rows(undeliv.orderBy(F.desc("undeliverable"), "group").limit(top), ucols))
+    finally:
+        log.unpersist()
+    return Report(log_dir=log_dir, totals=totals, tables=tables)
+
+
+def run(spark: SparkSession, log_dir: str, out_dir: str, *, top: int = DEFAULT_TOP,
+        quiet: bool = False) -> Report:
+    """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
+    from analytics import render
+
+    report = compute(spark, log_dir, top)
+    os.makedirs(out_dir, exist_ok=True)
+    report.charts = render.write_charts(report, out_dir)
+    report.html = render.write_html(report, os.path.join(out_dir, "report.html"))
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report.to_json(), f, indent=1)
+    if not quiet:
+        print(render.text(report))
+        print(f"\nHTML report: {report.html}")
+    return report

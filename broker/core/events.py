@@ -1,0 +1,290 @@
+"""The one mapping between routed Skan messages and Hat events (Eventer and Mariner).
+
+BROKER-SPEC section 3:
+- (group G, instance I) <-> event type ``(G, *I.split("/"))``; instance "*" <-> ``(G,)``.
+- ``msg`` <-> payload: HASH<->object, LIST<->array, NULL<->null, DATA<->string
+  (UTF-8); numbers and bools become DATA decimal / "true" / "false".
+- A binary payload travels as ``msg`` DATA with its type name in the routing
+  tag ``payload-type``; DATA that is not UTF-8 becomes a binary payload.
+- EventId = (server_id, session, instance) and one timestamp per routed
+  message, assigned by the router, identical on every protocol.
+- An event's source timestamp travels in the routing tag ``source-timestamp``
+  as decimal seconds with six decimals ("1700000000.250000"); a message
+  without it (or with a value that is not such a number) has none.
+
+Pure: no trio, no protocol encoding (adapters turn :class:`Event` into SBS
+or JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import attrs
+
+from broker.core.router import STAR, Routed
+from wire.hattime import join_timestamp, split_timestamp
+from wire.skan import Nested, encode_frame, item_bytes
+
+PAYLOAD_TYPE_TAG = b"payload-type"
+SOURCE_TIMESTAMP_TAG = b"source-timestamp"
+# Type name of a binary payload made from a msg that is not JSON-representable
+# as a whole (non-UTF-8 DATA nested in a HASH/LIST): the data is the Skan
+# item encoding of ``msg``.
+SKAN_ITEM_TYPE = "skan-item"
+
+
+class MappingError(ValueError):
+    """An event cannot be expressed as a Skan message (or the reverse)."""
+
+
+@attrs.frozen
+class EventId:
+    server: int
+    session: int
+    instance: int
+
+    def __lt__(self, other: EventId) -> bool:
+        return (self.server, self.session, self.instance) < (
+            other.server, other.session, other.instance,
+        )
+
+
+@attrs.frozen
+class BinaryPayload:
+    type: str
+    data: bytes
+
+
+@attrs.frozen
+class JsonPayload:
+    data: Any
+
+
+Payload = JsonPayload | BinaryPayload | None
+
+
+@attrs.frozen
+class Event:
+    id: EventId
+    type: tuple[str, ...]
+    timestamp: float
+    source_timestamp: float | None
+    payload: Payload
+
+
+# ---- types ----------------------------------------------------------------
+
+
+def event_type(group: bytes, instance: bytes) -> tuple[str, ...]:
+    g = group.decode("utf-8", errors="replace")
+    if instance == STAR:
+        return (g,)
+    return (g, *instance.decode("utf-8", errors="replace").split("/"))
+
+
+def group_instance(etype: tuple[str, ...] | list[str]) -> tuple[str, str]:
+    """Event type -> (group, instance); ``(G,)`` -> (G, "*")."""
+    if not etype or not etype[0]:
+        raise MappingError("an event type needs at least a non-empty first segment (the group)")
+    if len(etype) == 1:
+        return etype[0], "*"
+    return etype[0], "/".join(etype[1:])
+
+
+def pattern_bytes(pattern: tuple[str, ...] | list[str]) -> tuple[bytes, ...]:
+    """A Hat event-type pattern as the router's subscription pattern."""
+    return tuple(seg.encode() for seg in pattern)
+
+
+# ---- timestamps -------------------------------------------------------------
+
+
+# Hat's (s, us) split of router timestamps; one implementation in wire/.
+timestamp_parts = split_timestamp
+timestamp_from_parts = join_timestamp
+
+
+# ---- SBS payload names ------------------------------------------------------
+
+# Hat 0.8 events may carry an SBS payload (module, type, data).  The broker
+# keeps it as a binary payload whose type name is "sbs:MODULE.TYPE" (or
+# "sbs:TYPE" without a module), so it can be given back as SBS unchanged.
+SBS_PREFIX = "sbs:"
+
+
+def sbs_type_name(module: str | None, type_name: str) -> str:
+    return f"{SBS_PREFIX}{module}.{type_name}" if module else f"{SBS_PREFIX}{type_name}"
+
+
+def parse_sbs_type_name(name: str) -> tuple[str | None, str] | None:
+    """(module, type) of a name made by :func:`sbs_type_name`; None for other names."""
+    if not name.startswith(SBS_PREFIX):
+        return None
+    module, _, type_name = name[len(SBS_PREFIX) :].rpartition(".")
+    return (module or None), type_name
+
+
+# ---- payloads -------------------------------------------------------------
+
+
+class _NotText(Exception):
+    pass
+
+
+def _skan_to_json(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _NotText from None
+    if isinstance(value, list):
+        return [_skan_to_json(v) for v in value]
+    result = {}
+    for k, v in value.items():
+        try:
+            key = k.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _NotText from None
+        result[key] = _skan_to_json(v)
+    return result
+
+
+def payload_from_routed(routed: Routed) -> Payload:
+    """The event payload of a routed message's ``msg``."""
+    header = routed.header
+    msg = header.get(b"msg")
+    ptype = header.get(PAYLOAD_TYPE_TAG)
+    if isinstance(msg, bytes):
+        if isinstance(ptype, bytes):
+            return BinaryPayload(ptype.decode("utf-8", errors="replace"), msg)
+        try:
+            return JsonPayload(msg.decode("utf-8"))
+        except UnicodeDecodeError:
+            return BinaryPayload("", msg)
+    if msg is None:
+        return None
+    value = item_bytes(routed.frame, header, b"msg")
+    try:
+        return JsonPayload(_skan_to_json(value))
+    except _NotText:
+        assert isinstance(msg, Nested)
+        start = msg.start - (5 if msg.stop - msg.start > 0xFFFF else 3)
+        return BinaryPayload(SKAN_ITEM_TYPE, _raw_item(routed.frame, msg, start))
+
+
+def _raw_item(frame: bytes, nested: Nested, guess: int) -> bytes:
+    # The TyLen sits 2, 3 or 5 bytes before the body depending on the length
+    # code the sender chose; find the one that describes exactly this body.
+    n = nested.stop - nested.start
+    for width, code in ((1, 0x20), (2, 0x10), (4, 0x00)):
+        pos = nested.start - 1 - width
+        if pos >= 0 and frame[pos] == (nested.type | code) and int.from_bytes(
+            frame[pos + 1 : nested.start], "big"
+        ) == n:
+            return frame[pos : nested.stop]
+    return frame[guess : nested.stop]
+
+
+def json_to_skan(value: Any, path: str = "payload") -> Any:
+    """JSON value -> Skan value: object->HASH, array->LIST, null->NULL, scalars->DATA."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MappingError(f"{path}: {value} has no JSON representation")
+        return json.dumps(value).encode()
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, list | tuple):
+        return [json_to_skan(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            tag = str(k).encode("utf-8")
+            if not 0 < len(tag) <= 255:
+                raise MappingError(
+                    f"{path}: key {k!r} cannot be a Skan tag (1 to 255 bytes of UTF-8)"
+                )
+            out[tag] = json_to_skan(v, f"{path}.{k}")
+        return out
+    raise MappingError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+# ---- both directions ------------------------------------------------------
+
+
+def format_timestamp(t: float) -> bytes:
+    """Decimal seconds with microsecond precision, as the ``source-timestamp`` tag holds them."""
+    us = round(t * 1_000_000)
+    sign = "-" if us < 0 else ""
+    s, frac = divmod(abs(us), 1_000_000)
+    return f"{sign}{s}.{frac:06d}".encode()
+
+
+def source_timestamp(header: dict[bytes, Any]) -> float | None:
+    """The ``source-timestamp`` tag of a routing header, or None."""
+    raw = header.get(SOURCE_TIMESTAMP_TAG)
+    if type(raw) is not bytes:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def event_from_routed(routed: Routed, server_id: int) -> Event:
+    header = routed.header
+    return Event(
+        id=EventId(server_id, routed.session, routed.instance),
+        type=event_type(header[b"group"], header[b"instance"]),
+        timestamp=routed.timestamp,
+        source_timestamp=source_timestamp(header),
+        payload=payload_from_routed(routed),
+    )
+
+
+def send_frame_for_event(
+    etype: tuple[str, ...] | list[str],
+    payload: Payload,
+    *,
+    sender: bytes,
+    seq: int,
+    source_timestamp: float | None = None,
+    extra: dict[bytes, bytes] | None = None,
+) -> bytes:
+    """Build the Skan ``send`` frame an adapter routes for an incoming event.
+
+    ``to`` is "*" and ``from`` is the lname of the connection (or bridge)
+    the event came in on.
+    """
+    group, instance = group_instance(tuple(etype))
+    message: dict[bytes, Any] = {
+        b"type": b"send",
+        b"from": sender,
+        b"to": b"*",
+        b"group": group.encode("utf-8"),
+        b"instance": instance.encode("utf-8"),
+        b"seq": str(seq).encode(),
+    }
+    if isinstance(payload, BinaryPayload):
+        message[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
+        message[b"msg"] = payload.data
+    elif isinstance(payload, JsonPayload):
+        message[b"msg"] = json_to_skan(payload.data)
+    else:
+        message[b"msg"] = None
+    if source_timestamp is not None:
+        message[SOURCE_TIMESTAMP_TAG] = format_timestamp(source_timestamp)
+    if extra:
+        message.update(extra)
+    return encode_frame(message)

@@ -1,0 +1,154 @@
+"""Skan message semantics for one connection: getlname first, the five types, errors.
+
+Pure: it decodes a frame's routing header, applies it to the router, and
+answers through ``endpoint.send_control``.  The Skan listener and the HSP
+listener ("Skan over HSP") both drive it, so the semantics exist once.
+
+``handle`` raises :class:`wire.skan.SkanError` for a malformed message (the
+caller decides: the Skan listener closes, HSP answers ERROR 1) and returns
+a :class:`Rejected` for a well-formed message with a semantic fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+from broker.core.router import SUBTYPES, Endpoint, Router
+from wire.skan import Nested, decode_header, encode_frame
+
+
+class ControlEndpoint(Protocol):
+    lname: bytes
+
+    def send_control(self, message: dict[str, Any]) -> None:
+        """Queue a broker-originated message (reply or error) to this connection."""
+
+
+@attrs.frozen
+class Rejected:
+    """A well-formed message the broker refused; ``close`` ends the connection."""
+
+    reason: str
+    seq: bytes | None = None
+    close: bool = False
+
+    def error_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"type": "error", "error": self.reason}
+        if self.seq is not None:
+            msg["seq"] = self.seq
+        return msg
+
+
+def error_frame(reason: str, seq: bytes | None = None) -> bytes:
+    return encode_frame(Rejected(reason, seq).error_message())
+
+
+def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
+    value = header.get(tag)
+    if value is None:
+        if tag in header:
+            return Rejected(f"field '{tag.decode()}' of a {what} must be DATA, not NULL")
+        return Rejected(f"a {what} message needs the field '{tag.decode()}'")
+    if isinstance(value, Nested):
+        return Rejected(f"field '{tag.decode()}' of a {what} must be DATA")
+    return value
+
+
+class SkanSession:
+    """The Skan state of one connection (any transport carrying Skan messages)."""
+
+    __slots__ = ("endpoint", "named", "router")
+
+    def __init__(self, router: Router, endpoint: Endpoint) -> None:
+        self.router = router
+        self.endpoint = endpoint
+        self.named = False
+
+    def handle(self, frame: bytes) -> Rejected | None:
+        """Apply one framed Skan message (4-byte prefix included)."""
+        header = decode_header(frame, 4)
+        mtype = header.get(b"type")
+        if mtype == b"send" and self.named:
+            # Hot path: everything below is validation of the routing fields.
+            group = header.get(b"group")
+            instance = header.get(b"instance")
+            to = header.get(b"to")
+            sender = header.get(b"from")
+            if (
+                type(group) is bytes
+                and type(instance) is bytes
+                and type(to) is bytes
+                and sender == self.endpoint.lname
+                and b"msg" in header
+                and type(header.get(b"seq")) is bytes
+            ):
+                self.router.route(self.endpoint, frame, header)
+                return None
+            return self._bad_send(header)
+        seq = header.get(b"seq")
+        seq = seq if type(seq) is bytes else None
+        if not self.named:
+            if mtype != b"getlname":
+                return Rejected("the first message must be getlname", seq, close=True)
+            self.named = True
+            self.endpoint.send_control({"lname": self.endpoint.lname})
+            return None
+        if mtype == b"subscribe":
+            return self._subscribe(header, seq)
+        if mtype == b"unsubscribe":
+            group = _data(header, b"group", "unsubscribe")
+            if isinstance(group, Rejected):
+                return attrs.evolve(group, seq=seq)
+            instance = _data(header, b"instance", "unsubscribe")
+            if isinstance(instance, Rejected):
+                return attrs.evolve(instance, seq=seq)
+            self.router.unsubscribe(self.endpoint, group, instance)
+            return None
+        if mtype == b"stats":
+            self.endpoint.send_control({"stats": self.router.stats()})
+            return None
+        if mtype == b"getlname":
+            self.endpoint.send_control({"lname": self.endpoint.lname})
+            return None
+        if mtype is None:
+            if b"type" in header:
+                return Rejected("the field 'type' must be DATA, not NULL", seq)
+            return Rejected("the message has no 'type' field", seq)
+        if isinstance(mtype, Nested):
+            return Rejected("the field 'type' must be DATA", seq)
+        return Rejected(f"unknown message type {mtype.decode(errors='replace')!r}", seq)
+
+    def _bad_send(self, header: dict[bytes, Any]) -> Rejected:
+        seq = header.get(b"seq")
+        seq = seq if type(seq) is bytes else None
+        for tag in (b"group", b"instance", b"to", b"from", b"seq"):
+            value = _data(header, tag, "send")
+            if isinstance(value, Rejected):
+                return attrs.evolve(value, seq=seq)
+        if b"msg" not in header:
+            return Rejected("a send message needs the field 'msg' (NULL is allowed)", seq)
+        sender = header[b"from"]
+        return Rejected(
+            f"'from' is {sender.decode(errors='replace')!r} but this connection's lname is "
+            f"{self.endpoint.lname.decode()!r}",
+            seq,
+        )
+
+    def _subscribe(self, header: dict[bytes, Any], seq: bytes | None) -> Rejected | None:
+        group = _data(header, b"group", "subscribe")
+        if isinstance(group, Rejected):
+            return attrs.evolve(group, seq=seq)
+        instance = _data(header, b"instance", "subscribe")
+        if isinstance(instance, Rejected):
+            return attrs.evolve(instance, seq=seq)
+        raw = header.get(b"subtype", b"normal")
+        subtype = SUBTYPES.get(raw) if type(raw) is bytes else None
+        if subtype is None:
+            shown = raw.decode(errors="replace") if type(raw) is bytes else "not DATA"
+            return Rejected(
+                f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
+            )
+        self.router.subscribe(self.endpoint, group, instance, subtype)
+        return None

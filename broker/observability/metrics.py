@@ -1,0 +1,337 @@
+"""Prometheus metrics of a running broker, built at scrape time from plain counters.
+
+The routing path only bumps plain ints (``router.counters``, per-endpoint
+counts, ``router.group_stats``, ``router.latency``); a
+:class:`BrokerCollector` on a private :class:`CollectorRegistry` turns them
+into metric families when Prometheus scrapes.  ``labels().inc()`` on the
+hot path would cost as much as routing the message itself.
+
+Every metric is named ``skan_*`` and listed, with its meaning, in
+docs/metrics.md.  Label values come from fixed sets (protocol names, close
+and error reasons the code chooses, configured bridge names) except the
+``group`` label, which is bounded by the [metrics] allow-list plus top-N.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from broker.core.router import Router
+from broker.observability.latency import RouteLatency
+
+# Groups whose counts are kept between scrapes.  Group names are chosen by
+# clients, so the table is pruned back to the allow-list plus the busiest
+# groups whenever it grows past this (see prune_group_stats); a pruned
+# group that comes back starts from 0, which Prometheus sees as a counter
+# reset.
+GROUP_TRACK_LIMIT = 10_000
+
+
+def _label(value: bytes) -> str:
+    return value.decode("utf-8", errors="replace")
+
+
+def _split(key: str) -> tuple[str, str]:
+    """ "protocol:reason" -> (protocol, reason)."""
+    protocol, _, reason = key.partition(":")
+    return protocol, reason
+
+
+def exported_groups(
+    stats: dict[bytes, list[int]], allowed: Iterable[bytes], top: int
+) -> list[bytes]:
+    """The groups that get their own series: the allow-list plus the ``top`` busiest."""
+    chosen = dict.fromkeys(allowed)
+    if top:
+        busiest = heapq.nlargest(top, stats.items(), key=lambda item: item[1][0])
+        chosen.update(dict.fromkeys(g for g, _ in busiest))
+    return list(chosen)
+
+
+def prune_group_stats(
+    stats: dict[bytes, list[int]], allowed: Iterable[bytes], top: int,
+    limit: int = GROUP_TRACK_LIMIT,
+) -> None:
+    """Bound the per-group table: keep allowed groups and the busiest ones."""
+    if len(stats) <= limit:
+        return
+    # Keep more than ``top`` so groups near the top do not restart from zero.
+    keep = set(allowed)
+    keep.update(g for g, _ in heapq.nlargest(max(top * 10, limit // 10), stats.items(),
+                                             key=lambda item: item[1][0]))
+    for group in [g for g in stats if g not in keep]:
+        del stats[group]
+
+
+class BrokerCollector(Collector):
+    """Reads a broker's counters when Prometheus scrapes."""
+
+    def __init__(self, ctx: Any, protocols: Iterable[str] = ("skan",)) -> None:
+        self.ctx = ctx
+        cfg = ctx.config.metrics
+        self.allowed = tuple(g.encode() for g in cfg.groups)
+        self.top = cfg.top_groups
+        # Protocols whose series exist (at 0) before their first connection, so
+        # the first increase is visible to rate() and dashboards have a line.
+        self.protocols = tuple(protocols)
+
+    def collect(self) -> Iterator[Metric]:
+        ctx = self.ctx
+        router: Router = ctx.router
+        per = router.per_protocol()
+        for proto in self.protocols:
+            per.setdefault(proto, dict.fromkeys(
+                ("connections", "accepted", "msgs_in", "bytes_in", "msgs_out", "bytes_out",
+                 "dropped"), 0))
+        per = dict(sorted(per.items()))
+        yield from self._connections(router, per)
+        yield from self._traffic(router, per)
+        yield from self._queues(router)
+        latency = router.latency
+        if isinstance(latency, RouteLatency):
+            yield HistogramMetricFamily(
+                "skan_routing_latency_seconds",
+                "Time from a received chunk's arrival to each of its messages being queued "
+                "to every recipient.",
+                buckets=latency.cumulative(),
+                sum_value=latency.sum,
+            )
+        yield _gauge("skan_subscriptions", "Subscriptions held (instance and pattern).",
+                     router.subscription_count)
+        yield _gauge("skan_groups", "Groups with at least one instance subscription.",
+                     router.group_count)
+        yield from self._groups(router)
+        yield from self._bridges(ctx.bridges, router)
+        yield from self._routelog(ctx.components.get("routelog"))
+        retention = ctx.components.get("retention")
+        if retention is not None:
+            yield _gauge("skan_retention_messages", "Routed messages held in the retention store.",
+                         len(retention))
+            yield _counter("skan_retention_evicted_messages",
+                           "Messages evicted from the full retention store (oldest first).",
+                           retention.evicted)
+        yield _gauge("skan_uptime_seconds", "Seconds since the broker started.",
+                     router.clock() - router.started)
+
+    # -- families --------------------------------------------------------------
+
+    def _connections(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
+        c = router.counters
+        open_ = GaugeMetricFamily("skan_connections_open", "Open connections (bridges included).",
+                                  labels=["protocol"])
+        accepted = CounterMetricFamily("skan_connections_accepted",
+                                       "Connections accepted (bridge endpoints attached).",
+                                       labels=["protocol"])
+        for proto, v in per.items():
+            open_.add_metric([proto], v["connections"])
+            accepted.add_metric([proto], v["accepted"])
+        yield open_
+        yield accepted
+        closed = CounterMetricFamily("skan_connections_closed", "Connections closed, by reason.",
+                                     labels=["protocol", "reason"])
+        for key, n in sorted(c.closed.items()):
+            closed.add_metric(list(_split(key)), n)
+        yield closed
+        yield _counter("skan_slow_consumer_disconnects",
+                       "Connections closed because their outgoing queue was full "
+                       "(slow_consumer = disconnect).", c.slow_consumer_disconnects)
+        errors = CounterMetricFamily("skan_protocol_errors",
+                                     "Protocol errors (malformed or refused input).",
+                                     labels=["protocol", "reason"])
+        labelled = 0
+        for key, n in sorted(c.errors.items()):
+            errors.add_metric(list(_split(key)), n)
+            labelled += n
+        if c.protocol_errors > labelled:
+            # Adapters that only bump the plain total still show up.
+            errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
+        yield errors
+
+    def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
+        c = router.counters
+        families = {
+            "msgs_in": CounterMetricFamily("skan_messages_received",
+                                           "Messages routed from senders on this protocol.",
+                                           labels=["protocol"]),
+            "bytes_in": CounterMetricFamily("skan_received_bytes",
+                                            "Skan frame bytes routed from senders on this "
+                                            "protocol.", labels=["protocol"]),
+            "msgs_out": CounterMetricFamily("skan_messages_delivered",
+                                            "Messages queued to recipients on this protocol.",
+                                            labels=["protocol"]),
+            "bytes_out": CounterMetricFamily("skan_delivered_bytes",
+                                             "Bytes queued to recipients on this protocol "
+                                             "(as encoded for that protocol).",
+                                             labels=["protocol"]),
+        }
+        for proto, v in per.items():
+            for key, family in families.items():
+                family.add_metric([proto], v[key])
+        yield from families.values()
+        yield _counter("skan_messages_undeliverable", "Messages routed to no recipient.",
+                       c.undeliverable)
+        dropped = CounterMetricFamily("skan_messages_dropped", "Messages dropped, by reason.",
+                                      labels=["protocol", "reason"])
+        for proto, v in per.items():
+            reason = "bridge-buffer-full" if proto.startswith("bridge-") else "queue-full"
+            dropped.add_metric([proto, reason], v["dropped"])
+        for key, n in sorted(c.drops.items()):
+            dropped.add_metric(list(_split(key)), n)
+        yield dropped
+
+    def _queues(self, router: Router) -> Iterator[Metric]:
+        total = dict.fromkeys(self.protocols, 0)
+        largest = dict.fromkeys(self.protocols, 0)
+        # One pass over every endpoint: keep it cheap (10,000 connections ~ 5 ms).
+        for ep in list(router.endpoints.values()):
+            try:
+                size = ep.queue.size
+            except AttributeError:
+                pending = getattr(ep, "pending", None)  # bridge buffers hold Routed
+                if pending is None:
+                    continue
+                size = sum(len(r.frame) for r in pending)
+            proto = ep.protocol
+            total[proto] = total.get(proto, 0) + size
+            if size > largest.get(proto, 0):
+                largest[proto] = size
+        depth = GaugeMetricFamily("skan_outgoing_queue_bytes",
+                                  "Bytes waiting in outgoing queues, summed per protocol.",
+                                  labels=["protocol"])
+        biggest = GaugeMetricFamily("skan_outgoing_queue_max_bytes",
+                                    "The fullest single outgoing queue of each protocol.",
+                                    labels=["protocol"])
+        for proto in sorted(total):
+            depth.add_metric([proto], total[proto])
+            biggest.add_metric([proto], largest.get(proto, 0))
+        yield depth
+        yield biggest
+        yield _gauge("skan_outgoing_queue_limit_bytes",
+                     "Per-connection outgoing queue limit ([broker] queue_limit).",
+                     self.ctx.config.broker.queue_limit)
+
+    def _groups(self, router: Router) -> Iterator[Metric]:
+        stats = router.group_stats
+        if stats is None:
+            return
+        prune_group_stats(stats, self.allowed, self.top)
+        msgs = CounterMetricFamily("skan_group_messages",
+                                   "Messages routed on a group (allow-listed and top-N groups).",
+                                   labels=["group"])
+        deliveries = CounterMetricFamily("skan_group_deliveries",
+                                         "Deliveries of messages of a group (allow-listed and "
+                                         "top-N groups).", labels=["group"])
+        subs = GaugeMetricFamily("skan_group_subscriptions",
+                                 "Instance subscriptions on a group (allow-listed and top-N "
+                                 "groups).", labels=["group"])
+        for group in exported_groups(stats, self.allowed, self.top):
+            counts = stats.get(group, (0, 0))
+            label = [_label(group)]
+            msgs.add_metric(label, counts[0])
+            deliveries.add_metric(label, counts[1])
+            subs.add_metric(label, router.group_subscriptions(group))
+        yield msgs
+        yield deliveries
+        yield subs
+        yield _gauge("skan_groups_tracked",
+                     f"Groups with counts kept for per-group series (bounded by "
+                     f"{GROUP_TRACK_LIMIT}).", len(stats))
+
+    def _bridges(self, bridges: list[Any], router: Router) -> Iterator[Metric]:
+        if not bridges:
+            return
+        labels = ["bridge", "protocol"]
+        up = GaugeMetricFamily("skan_bridge_up", "1 while the bridge is connected to its peer.",
+                               labels=[*labels, "address"])
+        families = {
+            "connects": CounterMetricFamily("skan_bridge_connects",
+                                            "Successful bridge connections.", labels=labels),
+            "reconnects": CounterMetricFamily("skan_bridge_reconnects",
+                                              "Reconnection attempts after a bridge went down.",
+                                              labels=labels),
+            "overflow": CounterMetricFamily("skan_bridge_overflow_messages",
+                                            "Messages dropped from a full bridge buffer.",
+                                            labels=labels),
+            "sent": CounterMetricFamily("skan_bridge_sent_messages",
+                                        "Messages a bridge sent to its peer.", labels=labels),
+            "received": CounterMetricFamily("skan_bridge_received_messages",
+                                            "Messages a bridge received from its peer.",
+                                            labels=labels),
+        }
+        buffered = GaugeMetricFamily("skan_bridge_buffered_messages",
+                                     "Messages waiting in a bridge's buffer for its peer.",
+                                     labels=labels)
+        pending: dict[int, int] = {}
+        for ep in list(router.endpoints.values()):
+            status = getattr(ep, "status", None)
+            queue = getattr(ep, "pending", None)
+            if status is not None and queue is not None:
+                pending[id(status)] = len(queue)
+        for status in bridges:
+            ids = [status.name, status.protocol]
+            up.add_metric([*ids, status.address], 1 if status.up else 0)
+            for attr, family in families.items():
+                family.add_metric(ids, getattr(status, attr, 0))
+            buffered.add_metric(ids, pending.get(id(status), 0))
+        yield up
+        yield from families.values()
+        yield buffered
+
+    def _routelog(self, log: Any) -> Iterator[Metric]:
+        if log is None:
+            return
+        yield _counter("skan_routelog_records", "Routing-log records written.",
+                       getattr(log, "records", 0))
+        yield _counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).",
+                       getattr(log, "files", 0))
+        yield _gauge("skan_routelog_queued_records",
+                     "Routing-log records waiting for the writer.", getattr(log, "queued", 0))
+        yield _gauge("skan_routelog_lag_seconds",
+                     "Age of the oldest routing-log record not yet written.",
+                     getattr(log, "lag_seconds", 0.0))
+        yield _counter("skan_routelog_backpressure_waits",
+                       "Times routing waited for the routing-log writer (disk slower than "
+                       "traffic).", getattr(log, "backpressure_waits", 0))
+        yield _counter("skan_routelog_backpressure_closes",
+                       "Times the routing log closed its admission gate (backlog over "
+                       "[log] queue_records).", getattr(log, "backpressure_closes", 0))
+        yield _counter("skan_routelog_errors",
+                       "Routing-log disk operations that failed and were retried.",
+                       getattr(log, "errors", 0))
+        yield _counter("skan_routelog_lost_records",
+                       "Routing-log records given up at stop because the disk kept failing.",
+                       getattr(log, "lost", 0))
+        yield _gauge("skan_routelog_writer_failed",
+                     "1 once the routing-log writer has stopped on an unexpected error.",
+                     0 if getattr(log, "failure", None) is None else 1)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def build_registry(ctx: Any, protocols: Iterable[str] = ("skan",)) -> CollectorRegistry:
+    """A private registry: the broker's collector plus process, platform and GC metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(ctx, protocols))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry

@@ -1,0 +1,273 @@
+"""The routing log: a router observer feeding a writer thread through a bounded queue.
+
+Routing path (trio thread): the observer (:class:`.record.RecordBuffer`)
+formats each routed message into one JSON line and buffers it.  Every
+``handoff_size`` records (and on a short timer, see
+:mod:`broker.observability.routelog.service`) the buffered lines go to the writer thread
+as one batch.
+
+Writer thread: joins a batch and writes it with one ``os.write`` (the GIL is
+released during the syscall), rotates by size and by age, and publishes
+finished files atomically (:mod:`.files`).
+
+Back-pressure: the observer always accepts (routing is synchronous and must
+not block).  When more than ``queue_records`` records wait for the disk, the
+hand-off calls ``close_gate``; the service closes the connections' admission
+gate so no connection reads more input.  Once the writer has brought the
+backlog down to half the bound it calls ``request_open`` (thread-safe) and
+the gate reopens.  No record is ever dropped: on a disk error the writer
+retries the same step with capped backoff while the backlog (and the gate)
+holds the input back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.core.router import Router
+from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
+from broker.observability.routelog.record import RecordBuffer
+
+log = logging.getLogger(__name__)
+
+# Records per hand-off batch: big enough that queue and write overheads
+# vanish per record (one os.write of ~1 MB), small enough that a batch is
+# formatted in a few milliseconds and the thread yields the GIL often.
+MAX_HANDOFF = 4096
+# Disk-error retry backoff (seconds): first wait and cap.
+RETRY_FIRST = 0.05
+RETRY_MAX = 5.0
+# After a stop was requested a broken disk may not hold the broker forever:
+# give up (loudly, counting what is lost) after this many seconds of errors.
+STOP_RETRY_SECONDS = 30.0
+
+_STOP = None
+
+
+def _noop() -> None:
+    pass
+
+
+class RoutingLog:
+    """Writes one record per routed message; exposes the counters metrics export.
+
+    ``records``: records written to log files; ``files``: files completed
+    (fsynced and published); ``queued``: records accepted but not yet
+    written; ``lag_seconds``: how far the written log trails routing;
+    ``backpressure_waits``: reads that waited on the closed admission gate
+    (set by the service); ``backpressure_closes``: times the gate was closed;
+    ``errors``: disk operations that failed and were retried; ``lost``:
+    records given up at stop after the disk failed for ``STOP_RETRY_SECONDS``.
+    """
+
+    def __init__(
+        self,
+        directory: LogDirectory,
+        *,
+        rotate_bytes: int,
+        rotate_seconds: float,
+        queue_records: int,
+        close_gate: Callable[[], None] = _noop,
+        request_open: Callable[[], None] = _noop,
+    ) -> None:
+        self.directory = directory
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.queue_records = queue_records
+        self.low_water = queue_records // 2
+        self.handoff_size = max(1, min(MAX_HANDOFF, queue_records // 4))
+        self._close_gate = close_gate
+        self._request_open = request_open
+        self.recovery = Recovery()
+        # Counters (ints updated by one thread each, read anywhere).
+        self.handed = 0
+        self.records = 0
+        self.files = 0
+        self.errors = 0
+        self.lost = 0
+        self.backpressure_closes = 0
+        self.gate_closed = False
+        # Set when the writer thread died of an unexpected exception.
+        self.failure: BaseException | None = None
+        self.waits_source: Callable[[], int] = lambda: 0
+        self.buffer: RecordBuffer | None = None
+        self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self._file: LogFile | None = None
+        self._stopping = False
+        self._last_written = time.time()
+        self._thread = threading.Thread(target=self._run, name="routelog-writer", daemon=True)
+
+    # ---- trio thread ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def attach(self, router: Router) -> None:
+        """Register the observer: it never blocks and never fails."""
+        self.buffer = RecordBuffer(self.handoff_size, self.handoff, router)
+        router.observers.append(self.buffer.add)
+
+    def handoff(self) -> None:
+        """Give the buffered lines to the writer; close the gate past the bound."""
+        if self.buffer is None or not self.buffer.lines:
+            return
+        pending = self.buffer.take()
+        self.handed += len(pending)
+        self._queue.put(pending)
+        if not self.gate_closed and self.handed - self.records > self.queue_records:
+            self.gate_closed = True
+            self.backpressure_closes += 1
+            self._close_gate()
+
+    def reopen_if_drained(self) -> bool:
+        """Trio thread: reopen the gate when the backlog is down to the low-water mark."""
+        if self.gate_closed and self.handed - self.records <= self.low_water:
+            self.gate_closed = False
+            return True
+        return False
+
+    def stop(self) -> None:
+        """Hand off everything and ask the writer to finish its file and exit."""
+        self.handoff()
+        self._stopping = True
+        self._queue.put(_STOP)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+        self.directory.close()
+
+    @property
+    def queued(self) -> int:
+        pending = len(self.buffer.lines) if self.buffer is not None else 0
+        return self.handed + pending - self.records - self.lost
+
+    @property
+    def lag_seconds(self) -> float:
+        """While records wait: seconds since the writer last caught up (else 0).
+
+        An upper bound of the age of the oldest record not yet written.
+        """
+        if not self.queued:
+            return 0.0
+        return max(0.0, time.time() - self._last_written)
+
+    @property
+    def backpressure_waits(self) -> int:
+        return self.waits_source()
+
+    # ---- writer thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                f = self._file
+                timeout = None
+                if f is not None:
+                    timeout = max(0.0, f.opened + self.rotate_seconds - time.monotonic())
+                try:
+                    batch = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    batch = []
+                if batch is _STOP:
+                    break
+                if batch:
+                    self._write(batch)
+                f = self._file
+                if f is not None and time.monotonic() - f.opened >= self.rotate_seconds:
+                    self._finish()
+                if self.gate_closed and self.handed - self.records <= self.low_water:
+                    self._request_open()
+            if self._file is not None:
+                self._finish()
+        except _GiveUp:
+            pass
+        except BaseException as exc:
+            # A bug, not a disk error: the service sees it and stops the broker.
+            log.exception("routing log writer failed")
+            self.failure = exc
+
+    def _write(self, batch: list[str]) -> None:
+        data = memoryview("".join(batch).encode())
+        whole = True  # the batch went into one file: its line count is len(batch)
+        while data:
+            f = self._file
+            if f is None:
+                f = self._file = self._retry(self.directory.new_file, "open a log file")
+            room = self.rotate_bytes - f.size
+            if len(data) <= room:
+                chunk, data = data, data[len(data):]
+            else:
+                # Fill this file up to the last whole line that fits, then rotate.
+                cut = bytes(data[:room]).rfind(b"\n") + 1
+                whole = False
+                if cut == 0 and f.size:
+                    self._finish()
+                    continue
+                if cut == 0:  # one line longer than rotate_bytes: a file of its own
+                    cut = bytes(data).find(b"\n") + 1
+                chunk, data = data[:cut], data[cut:]
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                self._retry(f.drain, f"write {f.name}", exc)
+            n = len(batch) if whole else bytes(chunk).count(b"\n")
+            f.records += n
+            self.records += n
+            if f.size >= self.rotate_bytes:
+                self._finish()
+        if self.handed == self.records:
+            self._last_written = time.time()
+
+    def _finish(self) -> None:
+        f = self._file
+        assert f is not None
+        self._retry(f.finish, f"finish {f.name}")
+        self._file = None
+        self.files += 1
+
+    def _retry(self, step: Callable[[], Any], what: str, first: OSError | None = None) -> Any:
+        """Run ``step`` until it succeeds; ``first`` is the error of an attempt already made.
+
+        Disk errors (full, quota, I/O) are retried with capped backoff; the
+        records stay queued meanwhile and back-pressure holds routing back.
+        """
+        delay = RETRY_FIRST
+        failing_since: float | None = None
+        error = first
+        while True:
+            if error is None:
+                try:
+                    result = step()
+                except OSError as exc:
+                    error = exc
+                else:
+                    if failing_since is not None:
+                        log.warning("routing log: %s succeeded after %.1f s", what,
+                                    time.monotonic() - failing_since)
+                    return result
+            self.errors += 1
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+                log.error("routing log: cannot %s: %s; retrying (input is held back once "
+                          "the queue is full)", what, error)
+            if self._stopping and now - failing_since > STOP_RETRY_SECONDS:
+                lost = self.handed - self.records
+                self.lost += lost
+                log.error("routing log: giving up at stop after %.0f s of errors; "
+                          "%d record(s) not written", now - failing_since, lost)
+                if self._file is not None:
+                    self._file.abandon()
+                raise _GiveUp from error
+            error = None
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+
+class _GiveUp(Exception):
+    pass

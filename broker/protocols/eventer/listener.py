@@ -1,0 +1,320 @@
+"""The Eventer listener: hat-event clients (both Chatter envelopes) as routing endpoints.
+
+One :class:`EventerConnection` per client drives the pure
+:class:`wire.eventer.ServerConnection`: init with the token check,
+subscriptions as router patterns, MsgRegisterReq turned into Skan sends,
+queries answered from the retained messages, notifications grouped per
+routing batch (one Hat session) and paced by MsgEventsAck credit.  The trio
+part is the shared transport plus an idle pinger and a conversation timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+import trio
+
+from broker.core import events
+from broker.core.queue import DROP, QueuedEndpoint
+from broker.core.retention import Entry, RetentionStore, view
+from broker.core.router import Routed, Router
+from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
+from broker.protocols.eventer.query import LatestTable, run_query
+from broker.runtime.context import BrokerContext
+from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from wire import eventer as w
+from wire.chatter import ChatterError
+from wire.skan import decode_header
+
+log = logging.getLogger(__name__)
+
+# Patterns one client may subscribe.  Each is checked on every recipient-set
+# cache miss for every routed type, so an unbounded list from one client would
+# slow routing for all; Hat clients use a handful.
+MAX_SUBSCRIPTIONS = 10_000
+
+
+def check_subscription(pattern: w.EventType) -> str | None:
+    """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
+    if any(seg == "*" for seg in pattern[:-1]):
+        return f"subscription {list(pattern)!r}: '*' may only be the last segment"
+    return None
+
+
+class EventerService:
+    """What all Eventer connections of one broker share."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.router = ctx.router
+        self.server_id = ctx.config.broker.server_id
+        self.token = ctx.config.eventer.token
+        self.status = w.Status.OPERATIONAL
+        self.store: RetentionStore = ctx.components["retention"]
+        self.latest = LatestTable(self.store.size)
+        self.latest.attach(self.router)
+        self.connections: set[EventerConnection] = set()
+        # Every Eventer recipient of a message gets the same bytes: the last
+        # encoding is kept (deliveries of one message are consecutive).
+        self._last_routed: Routed | None = None
+        self._last_encoded = b""
+
+    def encode(self, routed: Routed) -> bytes:
+        if routed is not self._last_routed:
+            self._last_encoded = fast_encode_routed(routed, self.server_id)
+            self._last_routed = routed
+        return self._last_encoded
+
+    def encode_entry(self, entry: Entry) -> bytes:
+        return fast_encode_routed(view(entry), self.server_id)
+
+    def stopping(self) -> None:
+        """Graceful stop began: tell every client (MsgStatusNotify stopping)."""
+        self.status = w.Status.STOPPING
+        for conn in list(self.connections):
+            conn.notify_status(w.Status.STOPPING)
+
+
+class EventerConnection(QueuedEndpoint):
+    """One Eventer client."""
+
+    protocol = "eventer"
+    batched = True
+
+    def __init__(self, service: EventerService, router: Router, queue_limit: int, policy: str,
+                 max_frame: int, notify_credit: int = w.DEFAULT_NOTIFY_CREDIT) -> None:
+        super().__init__(router, queue_limit, policy)
+        self.service = service
+        self.proto = w.ServerConnection(max_message=max_frame, notify_credit=notify_credit)
+        self.client_name = ""
+        # Encoded events of the routing batch in progress.
+        self.batch: list[bytes] = []
+        # Whole batches waiting for notify credit, and their size in bytes
+        # (bounded by the queue limit, beyond which the slow-consumer policy acts).
+        self.backlog: deque[list[bytes]] = deque()
+        self.backlog_bytes = 0
+        self.seq = 0
+        # Set by the trio layer to its clock; any monotonic clock works.
+        self.now: Callable[[], float] = time.monotonic
+        # Set by the trio layer: called when a conversation deadline was added.
+        self.on_deadline: Callable[[], None] = _nothing
+
+    # ---- routing side ------------------------------------------------------------
+
+    def deliver(self, frame: bytes, routed: Routed) -> None:
+        if self.closed:
+            return
+        self.batch.append(self.service.encode(routed))
+        self.msgs_out += 1
+
+    def flush(self) -> None:
+        batch, self.batch = self.batch, []
+        if not batch or self.closed:
+            return
+        if self.proto.credit > 0 and not self.backlog:
+            self._notify(batch)
+            return
+        size = sum(map(len, batch))
+        if self.backlog_bytes + size > self.queue.limit:
+            counters = self.router.counters
+            if self.policy == DROP:
+                self.dropped += len(batch)
+                counters.dropped += len(batch)
+                return
+            counters.slow_consumer_disconnects += 1
+            self.kill("slow-consumer")
+            return
+        self.backlog.append(batch)
+        self.backlog_bytes += size
+        if self.pending_bytes() > self.queue.high and not self.congested:
+            # Back-pressure, as for a full socket queue: publishers pause
+            # (up to the grace period) until acks drain the backlog.
+            self.congested = True
+            self.router.congested.append(self)
+
+    def pending_bytes(self) -> int:
+        return self.queue.size + self.backlog_bytes
+
+    def _notify(self, batch: list[bytes]) -> None:
+        self.proto.notify(batch, self.now())
+        self.on_deadline()
+        self._write()
+
+    def _drain_backlog(self) -> None:
+        while self.backlog and self.proto.credit > 0:
+            batch = self.backlog.popleft()
+            self.backlog_bytes -= sum(map(len, batch))
+            self.proto.notify(batch, self.now())
+            self.on_deadline()
+        self._write()
+        if self.drained is not None and self.pending_bytes() <= self.queue.high:
+            self.drained.set()
+            self.drained = None
+
+    def _write(self) -> None:
+        data = self.proto.data_to_send()
+        if data and self.enqueue(data):
+            self.bytes_out += len(data)
+
+    def notify_status(self, status: w.Status) -> None:
+        if self.proto.state == "open" and not self.closed:
+            self.proto.notify_status(status)
+            self._write()
+
+    # ---- client side ---------------------------------------------------------------
+
+    def on_bytes(self, data: bytes) -> None:
+        try:
+            requests = self.proto.receive_data(data, self.now())
+            for req in requests:
+                if isinstance(req, w.EventsAcked):
+                    continue
+                if isinstance(req, w.InitRequest):
+                    self._init(req)
+                elif isinstance(req, w.RegisterRequest):
+                    self._register(req)
+                elif isinstance(req, w.QueryRequest):
+                    self._query(req)
+                if self.closing is not None:
+                    break
+            if self.backlog and self.proto.credit > 0:
+                self._drain_backlog()
+        except ChatterError as exc:
+            self._fatal(str(exc))
+        self._write()
+
+    def _fatal(self, reason: str) -> None:
+        self.router.counters.protocol_error("eventer", "bad-message")
+        log.warning("eventer %s (%s): closing: %s", self.lname.decode(), self.client_name,
+                    reason)
+        self.closing = "protocol-error"
+
+    def _init(self, req: w.InitRequest) -> None:
+        r = req.request
+        self.client_name = r.client_name
+        token = self.service.token
+        reason = None
+        if token is not None and r.client_token != token:
+            reason = "client token does not match the server's"
+        if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
+            reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
+                                f"(at most {MAX_SUBSCRIPTIONS} per connection)")
+        for pattern in r.subscriptions:
+            reason = reason or check_subscription(pattern)
+        if reason is not None:
+            self.router.counters.protocol_error("eventer", "init-refused")
+            log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
+                     reason)
+            self.proto.refuse(req.conv, reason)
+            self.closing = "init-refused"
+            return
+        if r.server_id is None or r.server_id == self.service.server_id:
+            for pattern in r.subscriptions:
+                self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+        self.proto.accept(req.conv, self.service.status)
+        self.service.connections.add(self)
+
+    def _register(self, req: w.RegisterRequest) -> None:
+        frames = []
+        failure = None
+        if self.service.status is not w.Status.OPERATIONAL:
+            failure = f"server is {self.service.status.value}"
+        else:
+            try:
+                for ev in req.events:
+                    self.seq += 1
+                    frames.append(events.send_frame_for_event(
+                        ev.type, payload_from_wire(ev.payload), sender=self.lname,
+                        seq=self.seq, source_timestamp=ts_from_wire(ev.source_timestamp),
+                    ))
+            except events.MappingError as exc:
+                failure = str(exc)
+        if failure is not None:
+            log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
+                     self.client_name, failure)
+            if req.conv is not None:
+                self.proto.register_result(req.conv, None)
+            return
+        routed = [self.router.route(self, f, decode_header(f, 4)) for f in frames]
+        if req.conv is not None:
+            encode = self.service.encode
+            self.proto.register_result(req.conv, [encode(r) for r in routed])
+
+    def _query(self, req: w.QueryRequest) -> None:
+        svc = self.service
+        answer = run_query(req.params, svc.store, svc.latest, svc.server_id)
+        self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
+                                answer.more_follows)
+
+    # ---- timers ----------------------------------------------------------------------
+
+    def send_ping(self) -> None:
+        if self.proto.chatter.envelope is not None:
+            self.proto.ping(self.now(), timeout=None)
+            self.on_deadline()
+            self._write()
+
+    def check_timeouts(self) -> None:
+        for expired in self.proto.check_timeouts(self.now()):
+            if expired.kind == "ping":
+                continue  # the idle pinger judges liveness from any received bytes
+            log.warning("eventer %s (%s): no answer to %s within %.1fs; closing",
+                        self.lname.decode(), self.client_name, expired.kind,
+                        self.proto.chatter.timeout)
+            self.kill("conversation-timeout")
+            return
+        if self.backlog and self.proto.credit > 0:
+            self._drain_backlog()
+
+
+def _nothing() -> None:
+    pass
+
+
+async def _conversation_timer(ep: EventerConnection) -> None:
+    """Sleep until the next conversation deadline (or a new one), then check expiries."""
+    wake = [trio.Event()]
+    ep.on_deadline = lambda: wake[0].set()
+    while not ep.closed:
+        deadline = ep.proto.next_deadline()
+        with trio.move_on_at(math.inf if deadline is None else deadline):
+            await wake[0].wait()
+        wake[0] = trio.Event()
+        ep.check_timeouts()
+
+
+async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = ctx.config
+    section = cfg.eventer
+    service = EventerService(ctx)
+    ctx.components["eventer"] = service
+    ctx.on_stopping.append(service.stopping)
+    listeners = await open_listeners(cfg.broker.host, section.port, section.tls_cert,
+                                     section.tls_key)
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        ep = EventerConnection(service, ctx.router, cfg.broker.queue_limit,
+                               cfg.broker.slow_consumer, cfg.broker.max_frame)
+        ep.now = trio.current_time
+        ctx.router.attach(ep)
+
+        def extra(nursery: trio.Nursery) -> None:
+            nursery.start_soon(idle_pinger, ep, ep.send_ping, section.ping_delay,
+                               section.ping_timeout)
+            nursery.start_soon(_conversation_timer, ep)
+
+        try:
+            await run_connection(
+                stream, ep, ep.on_bytes, ctx.router, ctx.connections,
+                drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
+                extra_tasks=extra,
+            )
+        finally:
+            service.connections.discard(ep)
+
+    task_status.started([("eventer", *listener_address(lst)) for lst in listeners])
+    await ctx.serve(listeners, handle)

@@ -1,0 +1,134 @@
+"""Between the broker's event model (broker/core/events.py) and the Eventer wire model.
+
+broker/core/events.py owns the Skan<->event mapping (types, payloads, EventIds);
+this module only changes representation: float seconds <-> ``(s, us)``
+timestamps and the payload classes.  Shared by the Eventer listener, the
+Eventer bridge and queries.
+"""
+
+from __future__ import annotations
+
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+
+from broker.core import events
+from broker.core.router import Routed
+from wire import eventer as w
+from wire.chatter.sbs import encode_integer
+from wire.hattime import split_timestamp
+
+
+def payload_to_wire(p: events.Payload) -> w.Payload:
+    if isinstance(p, events.BinaryPayload):
+        return w.BinaryPayload(p.type, p.data)
+    if isinstance(p, events.JsonPayload):
+        return w.JsonPayload(p.data)
+    return None
+
+
+def payload_from_wire(p: w.Payload) -> events.Payload:
+    if isinstance(p, w.BinaryPayload):
+        return events.BinaryPayload(p.type, p.data)
+    if isinstance(p, w.JsonPayload):
+        return events.JsonPayload(p.data)
+    return None
+
+
+def ts_from_wire(t: w.Timestamp | None) -> float | None:
+    return None if t is None else t.to_float()
+
+
+def ts_to_wire(t: float | None) -> w.Timestamp | None:
+    return None if t is None else w.Timestamp.from_float(t)
+
+
+def event_to_wire(e: events.Event) -> w.Event:
+    return w.Event(
+        id=w.EventId(e.id.server, e.id.session, e.id.instance),
+        type=e.type,
+        timestamp=w.Timestamp.from_float(e.timestamp),
+        source_timestamp=ts_to_wire(e.source_timestamp),
+        payload=payload_to_wire(e.payload),
+    )
+
+
+def encode_routed(routed: Routed, server_id: int) -> bytes:
+    """The ``HatEventer.Event`` encoding of one routed message."""
+    return w.encode_event(event_to_wire(events.event_from_routed(routed, server_id)))
+
+
+# ---- the hot path: a routed message straight to its HatEventer.Event bytes ----------
+#
+# Equal, byte for byte, to ``encode_routed`` (tests/protocols/eventer/test_mapping.py
+# checks it), without building the intermediate objects: every Eventer
+# subscriber's notification pays this once per routed message.
+
+_NONE = b"\x80"  # Optional none / Choice index 0
+_VALUE = b"\x81"  # Optional value / Choice index 1
+_JSON = b"\x81"  # EventPayload.json (Choice index 1)
+_BINARY = b"\x80"  # EventPayload.binary (Choice index 0)
+# Cached encodings: type arrays per (group, instance), id prefixes per session.
+_TYPE_CACHE_LIMIT = 10_000
+_type_cache: dict[tuple[bytes, bytes], bytes] = {}
+_prefix: list = [None, None, b""]  # server, session, encoded server+session
+_second: list = [None, b""]  # whole seconds, encoded
+_SMALL = [encode_integer(i) for i in range(4096)]
+
+
+def _int(value: int) -> bytes:
+    return _SMALL[value] if 0 <= value < 4096 else encode_integer(value)
+
+
+def _string(raw: bytes) -> bytes:
+    return _int(len(raw)) + raw
+
+
+def _type_bytes(group: bytes, instance: bytes) -> bytes:
+    key = (group, instance)
+    cached = _type_cache.get(key)
+    if cached is None:
+        etype = events.event_type(group, instance)
+        cached = _int(len(etype)) + b"".join(_string(seg.encode()) for seg in etype)
+        if len(_type_cache) >= _TYPE_CACHE_LIMIT:
+            _type_cache.clear()
+        _type_cache[key] = cached
+    return cached
+
+
+def _timestamp(t: float) -> bytes:
+    s, us = split_timestamp(t)
+    if s != _second[0]:
+        _second[0] = s
+        _second[1] = encode_integer(s)
+    if us < 4096:
+        return _second[1] + _SMALL[us]
+    if us < 8192:  # two 7-bit groups, the first below 64 (sign bit clear)
+        return _second[1] + bytes((us >> 7, 0x80 | (us & 0x7F)))
+    # 8192 <= us < 2**20: three 7-bit groups
+    return _second[1] + bytes((us >> 14, (us >> 7) & 0x7F, 0x80 | (us & 0x7F)))
+
+
+def fast_encode_routed(routed: Routed, server_id: int) -> bytes:
+    """``encode_routed`` for the common shapes, falling back to it for the rest."""
+    header = routed.header
+    msg = header[b"msg"]
+    if (type(msg) is not bytes or events.PAYLOAD_TYPE_TAG in header
+            or events.SOURCE_TIMESTAMP_TAG in header):
+        if msg is not None or events.SOURCE_TIMESTAMP_TAG in header:
+            return encode_routed(routed, server_id)
+        payload = _NONE
+    else:
+        try:
+            text = msg.decode("utf-8")
+        except UnicodeDecodeError:
+            return encode_routed(routed, server_id)
+        # encode_basestring is what json.dumps(text, ensure_ascii=False) uses.
+        payload = _VALUE + _JSON + _string(encode_basestring(text).encode())
+    if _prefix[0] != server_id or _prefix[1] != routed.session:
+        _prefix[0] = server_id
+        _prefix[1] = routed.session
+        _prefix[2] = encode_integer(server_id) + encode_integer(routed.session)
+    return b"".join((
+        _prefix[2], _int(routed.instance),
+        _type_bytes(header[b"group"], header[b"instance"]),
+        _timestamp(routed.timestamp), _NONE, payload,
+    ))

@@ -1,0 +1,308 @@
+"""The HSP bridge (BROKER-SPEC section 2): the broker dials out to an HSP endpoint.
+
+One bridge = one routing endpoint (lname, protocol ``bridge-hsp``) that
+lives as long as the broker, subscribed to the configured (group,
+instance), so messages are buffered even while the peer is down.
+
+Outgoing: each routed message becomes a DATA_ACK of the configured Type
+whose payload is the ``msg`` bytes when ``msg`` is DATA, else the complete
+routed Skan message (magic included).  A message leaves the buffer when the
+peer ACKs it; on ERROR/ERROR_UNDEF it is dropped (re-sending a refused
+message would loop forever), logged and counted as dropped (reason
+``refused-by-peer``).  At most :data:`WINDOW` messages are in flight; when the
+connection fails they go back to the front of the buffer, in order, and are
+re-sent after the reconnect (at-least-once).  The buffer holds at most
+``buffer`` messages; beyond that the oldest is dropped, logged and counted
+in ``BridgeStatus.overflow``.
+
+Incoming: DATA/DATA_ACK of any Type are routed into the configured group and
+instance as a Skan send with ``to`` "*", ``from`` the bridge's lname,
+``msg`` DATA(payload) and the routing tag ``hsp-type`` (the Type in
+decimal).  A DATA_ACK is ACKed once routed; one over the payload limit gets
+ERROR 3.  PINGs are answered; an idle peer is pinged (``hsp.ping_delay``)
+and the connection is dropped when no byte arrives within
+``hsp.ping_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import trio
+
+from broker.core.queue import OutQueue
+from broker.core.router import NORMAL, Routed, Router
+from broker.protocols.hsp.listener import TOO_LARGE
+from broker.runtime.bridge import (
+    BridgeStatus,
+    BufferedBridgeEndpoint,
+    open_bridge_stream,
+    run_bridge,
+)
+from broker.runtime.config import BridgeSection
+from broker.runtime.context import BrokerContext
+from broker.runtime.transport import RECV_SIZE
+from wire.hsp import (
+    DATA_ACK,
+    ERROR,
+    Ack,
+    Data,
+    DataAck,
+    Error,
+    ErrorUndef,
+    HSPConnection,
+    Oversized,
+    Ping,
+    Pong,
+    frame_payload,
+)
+from wire.skan import decode_header, encode_frame
+
+log = logging.getLogger(__name__)
+
+# Messages sent and not yet acknowledged.  Bounds what a reconnect re-sends
+# and the bytes queued towards a slow peer; large enough to keep a LAN link
+# busy while ACKs travel back.
+WINDOW = 1000
+# Outgoing bytes queued before the sender waits for the socket: DATA_ACKs
+# stop being produced above this, ACKs/PONGs are small and always queued.
+HIGH_WATER = 1 << 20
+HSP_TYPE_TAG = "hsp-type"
+
+
+def outgoing_payload(routed: Routed) -> bytes:
+    """Framed payload (4-byte length + bytes) for a routed message.
+
+    ``msg`` DATA -> its bytes; anything else -> the whole Skan message, whose
+    Skan frame already is "length + message".
+    """
+    msg = routed.header.get(b"msg")
+    if type(msg) is bytes:
+        return frame_payload(msg)
+    return routed.frame
+
+
+class HSPBridge:
+    """State that outlives connections: the endpoint, its buffer and what is in flight."""
+
+    def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus,
+                 max_payload: int, ping_delay: float, ping_timeout: float) -> None:
+        self.router = router
+        self.cfg = cfg
+        self.status = status
+        self.max_payload = max_payload
+        self.ping_delay = ping_delay
+        self.ping_timeout = ping_timeout
+        self.ep = BufferedBridgeEndpoint("bridge-hsp", status, cfg.buffer)
+        self.group = cfg.group.encode()
+        self.instance = cfg.instance.encode()
+        self.window = min(WINDOW, cfg.buffer)
+        # MessageID -> message, in send order, for the current connection.
+        self.inflight: OrderedDict[int, Routed] = OrderedDict()
+        self._seq = 0
+
+    def attach(self) -> None:
+        self.router.attach(self.ep)
+        self.router.subscribe(self.ep, self.group, self.instance, NORMAL)
+
+    def detach(self) -> None:
+        self.router.detach(self.ep, "bridge-stopped")
+
+    # ---- buffer ---------------------------------------------------------------
+
+    def requeue_inflight(self) -> None:
+        """Put unacknowledged messages back at the front, oldest first; trim to the bound."""
+        if not self.inflight:
+            return
+        pending = self.ep.pending
+        pending.extendleft(reversed(self.inflight.values()))
+        self.inflight.clear()
+        excess = len(pending) - self.cfg.buffer
+        if excess > 0:
+            for _ in range(excess):
+                pending.popleft()
+            self.status.overflow += excess
+            self.ep.dropped += excess
+            log.warning("bridge %s buffer full (%d): dropped the %d oldest unacknowledged "
+                        "messages", self.status.name, self.cfg.buffer, excess)
+
+    # ---- incoming -------------------------------------------------------------
+
+    def route_in(self, hsp_type: int, payload: bytes) -> None:
+        """Route a payload from the peer into the configured group and instance."""
+        self._seq += 1
+        frame = encode_frame({
+            "type": "send",
+            "group": self.group,
+            "instance": self.instance,
+            "to": "*",
+            "from": self.ep.lname,
+            "seq": self._seq,
+            HSP_TYPE_TAG: str(hsp_type),
+            "msg": payload,
+        })
+        self.router.route(self.ep, frame, decode_header(frame, 4))
+        self.status.received += 1
+
+    # ---- one connection -------------------------------------------------------
+
+    async def session(self, status: BridgeStatus) -> None:
+        stream = await open_bridge_stream(self.cfg)
+        conn = _Link(self, stream)
+        status.up = True
+        status.connects += 1
+        log.info("bridge %s connected", status.name)
+        try:
+            await conn.run()
+        finally:
+            self.requeue_inflight()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+
+class _Link:
+    """One TCP connection of a bridge: reader, pump (buffer -> DATA_ACK), writer, pinger."""
+
+    def __init__(self, bridge: HSPBridge, stream: trio.abc.Stream) -> None:
+        self.bridge = bridge
+        self.stream = stream
+        self.hsp = HSPConnection(bridge.max_payload)
+        self.out = OutQueue(1 << 62)  # bounded by WINDOW and HIGH_WATER, not by the queue
+        self.last_rx = trio.current_time()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._acked = trio.Event()
+        self._drained = trio.Event()
+        self.failure: BaseException | None = None
+        self._scope = trio.CancelScope()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        self._scope.cancel()
+
+    async def run(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                for task in (self._reader, self._writer, self._pump, self._pinger):
+                    nursery.start_soon(self._guard, task)
+        if self.failure is not None:
+            raise self.failure
+
+    async def _guard(self, task: Any) -> None:
+        try:
+            await task()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
+                ValueError) as exc:
+            # ValueError covers wire.hsp.ProtocolError: the peer broke HSP.
+            self._fail(exc)
+
+    def _push(self, data: bytes) -> None:
+        self.out.push(data)
+
+    async def _writer(self) -> None:
+        out = self.out
+        out.wakeup = self._lot.unpark_all
+        while True:
+            if not out.size:
+                self._drained.set()
+                out.waiting = True
+                await self._lot.park()
+                continue
+            await self.stream.send_all(out.take_all())
+
+    async def _pump(self) -> None:
+        bridge = self.bridge
+        ep = bridge.ep
+        inflight = bridge.inflight
+        hsp_type = bridge.cfg.type
+        while True:
+            await ep.wait_pending()
+            while ep.pending and len(inflight) < bridge.window:
+                routed = ep.pending.popleft()
+                mid = self.hsp.next_message_id()
+                inflight[mid] = routed
+                self._push(self.hsp.send(DataAck(mid, hsp_type, outgoing_payload(routed))))
+                if self.out.size > HIGH_WATER:
+                    self._drained = trio.Event()
+                    await self._drained.wait()
+            if len(inflight) >= bridge.window:
+                self._acked = trio.Event()
+                await self._acked.wait()
+
+    async def _pinger(self) -> None:
+        bridge = self.bridge
+        while True:
+            idle_until = self.last_rx + bridge.ping_delay
+            now = trio.current_time()
+            if now < idle_until:
+                await trio.sleep(idle_until - now)
+                continue
+            pinged_at = now
+            self._push(self.hsp.send(Ping()))
+            await trio.sleep(bridge.ping_timeout)
+            if self.last_rx < pinged_at:
+                raise TimeoutError(f"no answer to PING within {bridge.ping_timeout}s")
+
+    async def _reader(self) -> None:
+        bridge = self.bridge
+        router = bridge.router
+        while True:
+            data = await self.stream.receive_some(RECV_SIZE)
+            if not data:
+                raise EOFError("the HSP peer closed the connection")
+            self.last_rx = trio.current_time()
+            events = self.hsp.receive(data)
+            try:
+                for ev in events:
+                    self._handle(ev)
+            finally:
+                router.end_batch()
+
+    def _handle(self, ev: Any) -> None:
+        bridge = self.bridge
+        t = type(ev)
+        if t is Ack:
+            if bridge.inflight.pop(ev.message_id, None) is not None:
+                bridge.status.sent += 1
+            self._acked.set()
+        elif t is Error or t is ErrorUndef:
+            bridge.inflight.pop(ev.message_id, None)
+            bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
+            detail = f"ERROR {ev.type}: {ev.reason}" if t is Error else "ERROR_UNDEF"
+            bridge.status.last_error = f"peer refused a message ({detail})"
+            log.warning("bridge %s: peer refused message id %d (%s); dropped",
+                        bridge.status.name, ev.message_id, detail)
+            self._acked.set()
+        elif t is Data:
+            bridge.route_in(ev.type, ev.payload)
+        elif t is DataAck:
+            bridge.route_in(ev.type, ev.payload)
+            self._push(self.hsp.send(Ack(ev.message_id)))
+        elif t is Ping:
+            self._push(self.hsp.send(Pong()))
+        elif t is Oversized:
+            reason = f"payload of {ev.length} bytes exceeds the limit of {bridge.max_payload}"
+            if ev.command == DATA_ACK:
+                self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, reason.encode())))
+            elif ev.command == ERROR:
+                bridge.inflight.pop(ev.message_id, None)
+                bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
+                self._acked.set()
+            else:
+                bridge.router.counters.drop("bridge-hsp", "too-large")
+            log.warning("bridge %s: %s", bridge.status.name, reason)
+        # Pong: liveness is last_rx.
+
+
+async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
+    """Runner for ``[[bridges]] protocol = "hsp"`` (see broker.runtime.bridges)."""
+    hsp = ctx.config.hsp
+    bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
+                       hsp.ping_delay, hsp.ping_timeout)
+    bridge.attach()
+    try:
+        await run_bridge(status, cfg, bridge.session)
+    finally:
+        bridge.detach()

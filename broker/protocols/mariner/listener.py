@@ -1,0 +1,299 @@
+"""The Mariner listener: Hat Mariner clients receive routed messages as events.
+
+One connection = one :class:`MarinerEndpoint`.  The client's ``init`` must
+come first; with a configured token the client's must match.  Each
+subscription (a Hat event-type pattern) becomes a router pattern
+subscription; every routing batch (one Hat session) that delivers to the
+client goes out as one ``events`` message when the batch ends.
+
+``last_event_id`` replays retained messages after that id, then live ones,
+with no gap and no duplicate at the seam: the subscriptions are made first
+(live deliveries from then on are held back), the newest retained id at
+that moment is the seam, the replay streams retained messages up to the
+seam page by page (pausing while the queue is above its high-water mark,
+so a long replay never fills it), and the held live messages, all newer than the seam, follow.
+
+Mariner clients only receive.  Anything but ping/pong after init (a second
+init, an ``events`` message, an unknown type, invalid JSON or framing)
+closes the connection, as the Hat reference server does; the broker first
+sends ``{"type": "error", "error": REASON}`` (an extension outside the
+Mariner schema) so the peer can tell why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from broker.core.events import pattern_bytes
+from broker.core.queue import DROP, QueuedEndpoint
+from broker.core.retention import RetentionStore
+from broker.core.router import Routed, Router
+from broker.protocols.mariner.mapping import EncodedEvents
+from broker.runtime.context import BrokerContext
+from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from wire import mariner as mw
+
+log = logging.getLogger(__name__)
+
+# Retained messages looked at per replay step.  Bounds the time the replay
+# holds the event loop and the bytes it queues before waiting for the
+# writer (a page of ~1000 small events is a few hundred KiB).
+REPLAY_PAGE = 1000
+
+# Patterns one client may subscribe.  Each is checked on every recipient-set
+# cache miss for every routed type, so an unbounded list from one client would
+# slow routing for all; Hat clients use a handful.
+MAX_SUBSCRIPTIONS = 10_000
+
+PING_FRAME = mw.encode_frame(mw.encode_message(mw.Ping()))
+PONG_FRAME = mw.encode_frame(mw.encode_message(mw.Pong()))
+
+
+class MarinerEndpoint(QueuedEndpoint):
+    """One Mariner client connection."""
+
+    protocol = "mariner"
+    batched = True
+
+    def __init__(
+        self,
+        router: Router,
+        queue_limit: int,
+        policy: str,
+        *,
+        max_message: int,
+        token: str | None,
+        server_id: int,
+        retention: RetentionStore | None,
+        encoded: EncodedEvents,
+    ) -> None:
+        super().__init__(router, queue_limit, policy)
+        self.conn = mw.MarinerConnection(mw.SERVER, max_message)
+        self.token = token
+        self.server_id = server_id
+        self.retention = retention
+        self.encoded = encoded
+        self.client_id = ""
+        self.nursery: trio.Nursery | None = None
+        # Events of the current routing batch (JSON texts), sent on flush.
+        self._batch: list[str] = []
+        # While a replay runs: live events messages held back until it ends.
+        self._held: list[tuple[bytes, int]] | None = None
+        self._held_size = 0
+        # Set once retained messages were evicted before the replay reached them.
+        self.replay_gap = False
+
+    # ---- incoming ----------------------------------------------------------
+
+    def on_bytes(self, data: bytes) -> None:
+        try:
+            messages = self.conn.receive_data(data)
+        except mw.ProtocolError as exc:
+            self._fatal(str(exc))
+            return
+        for msg in messages:
+            if isinstance(msg, mw.Ping):
+                self.enqueue(PONG_FRAME)
+            elif isinstance(msg, mw.Init):
+                self._init(msg)
+                if self.closing is not None:
+                    return
+            # Pong: the transport has already noted the peer is alive.
+
+    def _fatal(self, reason: str) -> None:
+        log.info("mariner %s (%s): closing: %s", self.lname.decode(), self.client_id, reason)
+        self.router.counters.protocol_error("mariner", "bad-message")
+        self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
+        self.closing = "protocol-error"
+
+    def _init(self, init: mw.Init) -> None:
+        self.client_id = init.client_id
+        if self.token is not None and init.client_token != self.token:
+            log.warning(
+                "mariner %s: client %r refused: client_token does not match",
+                self.lname.decode(), init.client_id,
+            )
+            self.router.counters.protocol_error("mariner", "not-authorised")
+            self.enqueue(
+                mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
+            )
+            self.closing = "unauthorised"
+            return
+        if len(init.subscriptions) > MAX_SUBSCRIPTIONS:
+            self._fatal(
+                f"too many subscriptions: {len(init.subscriptions)} "
+                f"(at most {MAX_SUBSCRIPTIONS} per connection)"
+            )
+            return
+        for pattern in init.subscriptions:
+            self.router.subscribe_pattern(self, pattern_bytes(pattern))
+        last = init.last_event_id
+        if last is None or self.retention is None or not init.subscriptions:
+            return
+        if last.server != self.server_id:
+            log.info(
+                "mariner %s: last_event_id is from server %d, this broker is %d: no replay",
+                self.lname.decode(), last.server, self.server_id,
+            )
+            return
+        newest = self.retention.newest()
+        if newest is None or (newest.session, newest.instance) <= (last.session, last.instance):
+            return
+        # From here on live events are held back until the replay reaches the seam.
+        self._held = []
+        assert self.nursery is not None
+        self.nursery.start_soon(
+            self._replay, (last.session, last.instance), (newest.session, newest.instance)
+        )
+
+    # ---- outgoing ----------------------------------------------------------
+
+    def deliver(self, frame: bytes, routed: Routed) -> None:
+        try:
+            self._batch.append(self.encoded(routed))
+        except (ValueError, TypeError):  # pragma: no cover - the mapping covers every msg
+            # Never let one message's encoding disturb the sender's connection.
+            log.exception("mariner: cannot encode session %d instance %d as an event",
+                          routed.session, routed.instance)
+            self.router.counters.drop("mariner", "unencodable")
+
+    def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if batch:
+            self._send_events(batch, live=True)
+
+    def _send_events(self, batch: list[str], *, live: bool) -> None:
+        data = mw.encode_frame(mw.encode_events_body(batch))
+        n = len(batch)
+        if live and self._held is not None:
+            if self._held_size + len(data) <= self.queue.limit:
+                self._held.append((data, n))
+                self._held_size += len(data)
+                return
+            # Held-back live events are bounded like the queue: the policy applies.
+            self._overflow(n)
+            return
+        if self.queue.size + len(data) > self.queue.limit:
+            self._overflow(n)
+            return
+        # Live: enqueue flags congestion, so the publishing reader pauses.
+        # Replay: no publisher is behind it, so nobody else is asked to wait;
+        # the replay task itself waits for the writer.
+        ok = self.enqueue(data) if live else not self.closed and self.queue.push(data)
+        if ok:
+            self.msgs_out += n
+            self.bytes_out += len(data)
+
+    def _overflow(self, n: int) -> None:
+        counters = self.router.counters
+        if self.policy == DROP:
+            self.dropped += n
+            counters.dropped += n
+        elif not self.closed:
+            counters.slow_consumer_disconnects += 1
+            self.kill("slow-consumer")
+
+    # ---- replay --------------------------------------------------------------
+
+    async def _replay(self, cursor: tuple[int, int], seam: tuple[int, int]) -> None:
+        try:
+            done = False
+            while not done and not self.closed:
+                cursor, done = self._replay_step(cursor, seam)
+                await self._writer_caught_up()
+        finally:
+            # Synchronous from here: no live delivery can slip in between.
+            held, self._held = self._held or [], None
+            self._held_size = 0
+            for data, n in held:
+                if self.enqueue(data):
+                    self.msgs_out += n
+                    self.bytes_out += len(data)
+
+    def _replay_step(
+        self, cursor: tuple[int, int], seam: tuple[int, int]
+    ) -> tuple[tuple[int, int], bool]:
+        """Queue replayed events after ``cursor``: at most a page, and no more once the
+        queue is past its high-water mark.
+
+        Returns the last id looked at and whether the seam was reached.
+        """
+        retention = self.retention
+        assert retention is not None
+        gone = retention.evicted_upto
+        if gone is not None and gone > cursor and not self.replay_gap:
+            self.replay_gap = True
+            log.warning(
+                "mariner %s (%s): replay gap: retained messages up to (session %d, "
+                "instance %d) were evicted before they could be replayed",
+                self.lname.decode(), self.client_id, *gone,
+            )
+        takes = self.router.pattern_receives
+        q = self.queue
+        batch: list[str] = []
+        session = None
+        looked = 0
+        for routed in retention.after(*cursor, REPLAY_PAGE):
+            rid = (routed.session, routed.instance)
+            if rid > seam:
+                break
+            if routed.session != session:
+                if batch:
+                    # One events message per Hat session.
+                    self._send_events(batch, live=False)
+                    batch = []
+                    if q.size > q.high:
+                        return cursor, False
+                session = routed.session
+            cursor = rid
+            looked += 1
+            header = routed.header
+            if takes(self, header[b"group"], header[b"instance"], header[b"to"]):
+                batch.append(self.encoded(routed))
+        if batch:
+            self._send_events(batch, live=False)
+        return cursor, cursor >= seam or looked < REPLAY_PAGE
+
+    async def _writer_caught_up(self) -> None:
+        """Checkpoint between replay steps; wait while the queue is above its high-water mark."""
+        await trio.sleep(0)
+        q = self.queue
+        while q.size > q.high and not self.closed:
+            if self.drained is None:
+                self.drained = trio.Event()
+            await self.drained.wait()
+
+async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = ctx.config
+    section = cfg.mariner
+    listeners = await open_listeners(
+        cfg.broker.host, section.port, section.tls_cert, section.tls_key
+    )
+    encoded = EncodedEvents(cfg.broker.server_id)
+    retention = ctx.components.get("retention")
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        ep = MarinerEndpoint(
+            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer,
+            max_message=cfg.broker.max_frame, token=section.token,
+            server_id=cfg.broker.server_id, retention=retention, encoded=encoded,
+        )
+        ctx.router.attach(ep)
+
+        def tasks(nursery: trio.Nursery) -> None:
+            ep.nursery = nursery
+            nursery.start_soon(
+                idle_pinger, ep, lambda: ep.enqueue(PING_FRAME),
+                section.ping_delay, section.ping_timeout,
+            )
+
+        await run_connection(
+            stream, ep, ep.on_bytes, ctx.router, ctx.connections,
+            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
+            extra_tasks=tasks,
+        )
+
+    task_status.started([("mariner", *listener_address(lst)) for lst in listeners])
+    await ctx.serve(listeners, handle)

@@ -1,0 +1,85 @@
+"""Start every service, print the ``listening`` lines, stop gracefully on a signal."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+import trio
+
+from broker.core.retention import RetentionStore
+from broker.core.router import Router
+from broker.runtime.config import Config
+from broker.runtime.context import BrokerContext
+from broker.runtime.services import services
+
+log = logging.getLogger(__name__)
+
+
+def _print_ready(lines: list[str]) -> None:
+    for line in lines:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def run(
+    config: Config,
+    *,
+    ready: Callable[[list[str]], None] = _print_ready,
+    stop: trio.Event | None = None,
+    ctx_out: list[BrokerContext] | None = None,
+) -> None:
+    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
+    ctx = BrokerContext(config=config, router=Router())
+    retention = RetentionStore(config.retention.size)
+    retention.attach(ctx.router)
+    ctx.components["retention"] = retention
+    if ctx_out is not None:
+        ctx_out.append(ctx)
+    if stop is None:
+        stop = trio.Event()
+    async with trio.open_nursery() as outer:
+        ctx.conn_nursery = outer
+        async with trio.open_nursery() as svc_nursery:
+            lines = []
+            for name, enabled, serve in services():
+                if not enabled(config):
+                    continue
+                addrs = await svc_nursery.start(serve, ctx)
+                log.info("service %s started", name)
+                lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]
+            ready(lines)
+            # Everything allocated during start-up lives as long as the process:
+            # move it out of the collector's way so full collections stay short.
+            gc.collect()
+            gc.freeze()
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+                async def wait_signal() -> None:
+                    async for signum in signals:
+                        log.info("received %s, stopping", signal.Signals(signum).name)
+                        stop.set()
+                        return
+
+                svc_nursery.start_soon(wait_signal)
+                await stop.wait()
+                # 1. no new connections, bridges stop
+                svc_nursery.cancel_scope.cancel()
+        # 2. tell peers, then drain every connection's queue and close it
+        for hook in ctx.on_stopping:
+            try:
+                hook()
+            except Exception:
+                log.exception("stopping hook failed")
+        ctx.connections.stop_all()
+        with trio.move_on_after(config.broker.drain_timeout + 1):
+            while len(ctx.connections):
+                await trio.sleep(0.01)
+        outer.cancel_scope.cancel()
+    # 3. flush what must survive the process (routing log)
+    for hook in ctx.on_stopped:
+        with trio.CancelScope(shield=True):
+            await hook()

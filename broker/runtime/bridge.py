@@ -1,0 +1,131 @@
+"""What every bridge shares: its status, its endpoint buffer, the reconnect loop.
+
+A bridge is a routing endpoint (so routed messages reach it like any
+client) whose deliveries go into a bounded buffer that the bridge's own
+tasks drain towards the remote peer.  The protocol-specific part is one
+``session(status)`` coroutine that connects, runs until the connection
+fails, and returns or raises; :func:`run_bridge` reconnects it with capped
+exponential backoff and keeps the status that metrics export.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from broker.core.router import Endpoint, Routed
+from broker.runtime.config import BridgeSection
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class BridgeStatus:
+    name: str
+    protocol: str
+    address: str
+    up: bool = False
+    connects: int = 0
+    reconnects: int = 0
+    # Messages dropped because the bounded buffer was full (counted and logged).
+    overflow: int = 0
+    sent: int = 0
+    received: int = 0
+    last_error: str = ""
+
+
+class BufferedBridgeEndpoint(Endpoint):
+    """Routed messages for the remote side wait here, bounded, until the bridge sends them."""
+
+    batched = False
+
+    def __init__(self, protocol: str, status: BridgeStatus, limit: int) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.status = status
+        self.limit = limit
+        self.pending: deque[Routed] = deque()
+        self._ready = trio.Event()
+
+    def deliver(self, frame: bytes, routed: Routed) -> None:
+        if len(self.pending) >= self.limit:
+            dropped = self.pending.popleft()
+            self.status.overflow += 1
+            self.dropped += 1
+            log.warning(
+                "bridge %s buffer full (%d): dropped the oldest message (session %d, instance %d)",
+                self.status.name, self.limit, dropped.session, dropped.instance,
+            )
+        self.pending.append(routed)
+        self.msgs_out += 1
+        self.bytes_out += len(frame)
+        self._ready.set()
+
+    async def wait_pending(self) -> None:
+        while not self.pending:
+            self._ready = trio.Event()
+            await self._ready.wait()
+
+
+# Seconds to establish TCP (and TLS) before a bridge's attempt counts as failed.
+CONNECT_TIMEOUT = 10.0
+
+
+async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
+    """Dial a bridge's peer: TCP, or TLS verified against ``tls_ca`` (system CAs if unset).
+
+    Everything (TCP connect and TLS handshake) happens within CONNECT_TIMEOUT;
+    failures are OSErrors (ConnectionError, TimeoutError) that run_bridge retries.
+    """
+    host, port = cfg.host_port()
+    with trio.move_on_after(CONNECT_TIMEOUT):
+        if not cfg.tls:
+            return await trio.open_tcp_stream(host, port)
+        ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
+        try:
+            # Handshake now: a bad certificate is then a failed connect, so the
+            # bridge is never reported up and its backoff is not reset.
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            await trio.aclose_forcefully(stream)
+            raise ConnectionError(
+                f"TLS handshake with {cfg.address} failed: {exc.__cause__ or exc}"
+            ) from exc
+        return stream
+    raise TimeoutError(f"no connection to {cfg.address} within {CONNECT_TIMEOUT}s")
+
+
+def bridge_name(index: int, cfg: BridgeSection) -> str:
+    return f"{cfg.protocol}-{index}-{cfg.address}"
+
+
+async def run_bridge(
+    status: BridgeStatus,
+    cfg: BridgeSection,
+    session: Callable[[BridgeStatus], Awaitable[None]],
+) -> None:
+    """Run ``session`` forever, reconnecting with capped exponential backoff plus jitter."""
+    delay = cfg.backoff_initial
+    while True:
+        try:
+            await session(status)
+            status.last_error = "connection closed"
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
+                ValueError) as exc:
+            status.last_error = f"{type(exc).__name__}: {exc}"
+        was_up = status.up
+        status.up = False
+        if was_up:
+            # The connection worked: start the backoff from the beginning.
+            delay = cfg.backoff_initial
+        log.info("bridge %s down (%s); retrying in %.1fs", status.name, status.last_error, delay)
+        await trio.sleep(delay * random.uniform(0.8, 1.2))
+        status.reconnects += 1
+        delay = min(delay * 2, cfg.backoff_max)

@@ -1,0 +1,83 @@
+"""``skan-broker`` / ``python -m broker``: configuration file plus overriding flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from broker.runtime import app, config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="skan-broker",
+        description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner).",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    p.add_argument("--host", help="address every listener binds (default 127.0.0.1)")
+    p.add_argument("--skan-port", type=int, help="native Skan port (default 9912, 0 = free port)")
+    p.add_argument("--hsp-port", type=int, help="HSP port (default 9913)")
+    p.add_argument("--eventer-port", type=int, help="Chatter/Eventer port (default 23012)")
+    p.add_argument("--mariner-port", type=int, help="Mariner port (default 23014)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9914)")
+    p.add_argument("--log-dir", help="routing-log directory (default var/routing-log)")
+    p.add_argument("--server-id", type=int, help="Hat server id used in EventIds (default 1)")
+    p.add_argument("--log-level", default="INFO", help="diagnostic log level (default INFO)")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> config.Config:
+    cfg = config.load(args.config)
+    return config.override(
+        cfg,
+        host=args.host,
+        server_id=args.server_id,
+        skan_port=args.skan_port,
+        hsp_port=args.hsp_port,
+        eventer_port=args.eventer_port,
+        mariner_port=args.mariner_port,
+        metrics_port=args.metrics_port,
+        log_dir=args.log_dir,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = build_config(args)
+    except config.ConfigError as exc:
+        print(f"skan-broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(app.run, cfg)
+    except (OSError, BaseExceptionGroup) as exc:
+        os_error = _find(exc, OSError)
+        if os_error is None:
+            raise
+        print(f"skan-broker: cannot start: {os_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` inside a (possibly nested) exception group."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

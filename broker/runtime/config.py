@@ -1,0 +1,335 @@
+"""Broker configuration: attrs classes, TOML loading, validation, flag overrides.
+
+Every section of the TOML file maps to one frozen attrs class.  Loading is
+strict: an unknown key, a value of the wrong type or out of range is refused
+with a :class:`ConfigError` naming the key (``hsp.ping_delay``) and the
+reason, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from broker.core.queue import MIN_QUEUE_LIMIT
+
+MiB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value was refused; ``key`` is the dotted path."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"config key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def _port(inst: Any, attr: attrs.Attribute, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a TCP port between 0 and 65535 (0 picks a free port)")
+
+
+def _positive(inst: Any, attr: attrs.Attribute, value: float) -> None:
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+
+
+def _non_negative(inst: Any, attr: attrs.Attribute, value: float) -> None:
+    if value < 0:
+        raise ValueError("must not be negative")
+
+
+def _one_of(*choices: str):
+    def check(inst: Any, attr: attrs.Attribute, value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(repr, choices))}")
+
+    return check
+
+
+@attrs.frozen
+class BrokerSection:
+    host: str = "127.0.0.1"
+    # EventId server component (Hat server_id); identifies this broker to Hat peers.
+    server_id: int = attrs.field(default=1, validator=_non_negative)
+    # Largest accepted Skan frame.  Bounds the memory one connection can make
+    # the broker buffer before the frame is complete; larger frames close it.
+    max_frame: int = attrs.field(default=8 * MiB, validator=_positive)
+    # Bytes queued towards one connection before the slow-consumer policy
+    # applies.  Must hold at least one max-size frame.
+    queue_limit: int = attrs.field(default=16 * MiB, validator=_positive)
+    slow_consumer: str = attrs.field(default="disconnect", validator=_one_of("disconnect", "drop"))
+    # Seconds publishers are paused (back-pressure) for a consumer whose queue
+    # is over half full before the slow-consumer policy is left to act.
+    slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
+    # Seconds a graceful stop waits for queued frames to drain to clients.
+    drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
+
+
+def _port_field(default: int) -> Any:
+    return attrs.field(default=default, validator=_port)
+
+
+@attrs.frozen
+class _Listener:
+    """What every listener section has: its port and TLS (cert and key together)."""
+
+    port: int = _port_field(0)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+@attrs.frozen
+class SkanSection(_Listener):
+    port: int = _port_field(9912)
+
+
+@attrs.frozen
+class _PeerListener(_Listener):
+    """A listener that can be turned off and keeps idle peers alive with pings."""
+
+    enabled: bool = True
+    ping_delay: float = attrs.field(default=30.0, validator=_positive)
+    ping_timeout: float = attrs.field(default=10.0, validator=_positive)
+
+
+@attrs.frozen
+class HSPSection(_PeerListener):
+    port: int = _port_field(9913)
+
+
+@attrs.frozen
+class EventerSection(_PeerListener):
+    port: int = _port_field(23012)
+    token: str | None = None
+
+
+@attrs.frozen
+class MarinerSection(_PeerListener):
+    port: int = _port_field(23014)
+    token: str | None = None
+
+
+@attrs.frozen
+class MetricsSection(_Listener):
+    port: int = _port_field(9914)
+    enabled: bool = True
+    # Per-group series are exported only for these groups plus the top-N
+    # groups by traffic: one series per arbitrary group name would let any
+    # client blow up the scrape size and Prometheus' memory.
+    groups: tuple[str, ...] = ()
+    top_groups: int = attrs.field(default=10, validator=_non_negative)
+
+
+@attrs.frozen
+class LogSection:
+    enabled: bool = True
+    dir: str = "var/routing-log"
+    # Rotate a file when it reaches this many bytes or this age, whichever first.
+    rotate_bytes: int = attrs.field(default=64 * MiB, validator=_positive)
+    rotate_seconds: float = attrs.field(default=60.0, validator=_positive)
+    # Records buffered between the router and the writer thread before
+    # routing applies back-pressure.
+    queue_records: int = attrs.field(default=200_000, validator=_positive)
+
+
+@attrs.frozen
+class RetentionSection:
+    # Routed messages kept for Eventer queries and Mariner replay (a ring).
+    size: int = attrs.field(default=100_000, validator=_non_negative)
+
+
+@attrs.frozen
+class BridgeSection:
+    protocol: str = attrs.field(validator=_one_of("hsp", "eventer", "mariner"))
+    address: str
+    group: str
+    instance: str = "*"
+    # HSP DATA Type used for messages sent to an HSP endpoint.
+    type: int = attrs.field(default=1, validator=_non_negative)
+    subscriptions: tuple[tuple[str, ...], ...] = ()
+    token: str | None = None
+    client_name: str = "skan-broker"
+    # Unacknowledged messages kept for re-sending after a reconnect.
+    buffer: int = attrs.field(default=10_000, validator=_positive)
+    backoff_initial: float = attrs.field(default=0.5, validator=_positive)
+    backoff_max: float = attrs.field(default=30.0, validator=_positive)
+    tls: bool = False
+    tls_ca: str | None = None
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def effective_subscriptions(self) -> tuple[tuple[str, ...], ...]:
+        return self.subscriptions or ((self.group, "*"),)
+
+
+@attrs.frozen
+class Config:
+    broker: BrokerSection = BrokerSection()
+    skan: SkanSection = SkanSection()
+    hsp: HSPSection = HSPSection()
+    eventer: EventerSection = EventerSection()
+    mariner: MarinerSection = MarinerSection()
+    metrics: MetricsSection = MetricsSection()
+    log: LogSection = LogSection()
+    retention: RetentionSection = RetentionSection()
+    bridges: tuple[BridgeSection, ...] = ()
+
+
+_SECTIONS: dict[str, type] = {
+    "broker": BrokerSection,
+    "skan": SkanSection,
+    "hsp": HSPSection,
+    "eventer": EventerSection,
+    "mariner": MarinerSection,
+    "metrics": MetricsSection,
+    "log": LogSection,
+    "retention": RetentionSection,
+}
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert lists to tuples."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"must be a list, not {type(value).__name__}")
+        (item_tp, _) = typing.get_args(tp)
+        return tuple(_coerce(f"{key}[{i}]", item_tp, v) for i, v in enumerate(value))
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"must be a number, not {type(value).__name__}")
+        return float(value)
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(key, f"must be an integer, not {type(value).__name__}")
+    if tp is not int and not isinstance(value, tp):
+        raise ConfigError(key, f"must be a {tp.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _build(cls: type, table: Any, prefix: str) -> Any:
+    if not isinstance(table, Mapping):
+        raise ConfigError(prefix, "must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {a.name: a for a in attrs.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        key = f"{prefix}.{name}"
+        if name not in fields:
+            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(fields))})")
+        kwargs[name] = _coerce(key, hints[name], value)
+    for name, field in fields.items():
+        if field.default is attrs.NOTHING and name not in kwargs:
+            raise ConfigError(f"{prefix}.{name}", "is required")
+    try:
+        obj = cls(**kwargs)
+    except ValueError as exc:
+        # attrs validators raise ValueError(reason); find which key it was.
+        for name, value in kwargs.items():
+            validator = fields[name].validator
+            if validator is None:
+                continue
+            try:
+                validator(None, fields[name], value)
+            except ValueError as inner:
+                raise ConfigError(f"{prefix}.{name}", str(inner)) from None
+        raise ConfigError(prefix, str(exc)) from None
+    return obj
+
+
+def _check_bridge(key: str, bridge: BridgeSection) -> None:
+    host, sep, port = bridge.address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}.address", "must be 'host:port'")
+    if bridge.protocol != "hsp" and any(not s for s in bridge.subscriptions):
+        raise ConfigError(f"{key}.subscriptions", "an event-type pattern must not be empty")
+
+
+def from_mapping(data: Mapping[str, Any]) -> Config:
+    """Build a :class:`Config` from parsed TOML, refusing anything unknown or invalid."""
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "bridges":
+            if not isinstance(value, list):
+                raise ConfigError("bridges", "must be an array of tables ([[bridges]])")
+            bridges = []
+            for i, table in enumerate(value):
+                bridge = _build(BridgeSection, table, f"bridges[{i}]")
+                _check_bridge(f"bridges[{i}]", bridge)
+                bridges.append(bridge)
+            kwargs["bridges"] = tuple(bridges)
+        elif name in _SECTIONS:
+            kwargs[name] = _build(_SECTIONS[name], value, name)
+        else:
+            known = ", ".join(sorted([*_SECTIONS, "bridges"]))
+            raise ConfigError(name, f"unknown section (known: {known})")
+    config = Config(**kwargs)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Cross-field checks that no single section can make on its own."""
+    if config.broker.queue_limit < max(config.broker.max_frame, MIN_QUEUE_LIMIT):
+        raise ConfigError(
+            "broker.queue_limit",
+            f"must be at least broker.max_frame (one frame must fit) and {MIN_QUEUE_LIMIT} "
+            "(the high-water mark plus two received chunks)",
+        )
+    for name in ("skan", "hsp", "eventer", "mariner", "metrics"):
+        section = getattr(config, name)
+        if (section.tls_cert is None) != (section.tls_key is None):
+            raise ConfigError(f"{name}.tls_cert", "tls_cert and tls_key go together")
+
+
+def load(path: str | None) -> Config:
+    """Load a TOML file (or the embedded defaults when ``path`` is None)."""
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
+    return from_mapping(data)
+
+
+def override(config: Config, **flags: Any) -> Config:
+    """Apply command-line flags (None means "not given") on top of a config."""
+    mapping = {
+        "host": ("broker", "host"),
+        "server_id": ("broker", "server_id"),
+        "skan_port": ("skan", "port"),
+        "hsp_port": ("hsp", "port"),
+        "eventer_port": ("eventer", "port"),
+        "mariner_port": ("mariner", "port"),
+        "metrics_port": ("metrics", "port"),
+        "log_dir": ("log", "dir"),
+    }
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        section_name, key = mapping[flag]
+        section = getattr(config, section_name)
+        try:
+            section = attrs.evolve(section, **{key: value})
+        except ValueError as exc:
+            raise ConfigError(f"--{flag.replace('_', '-')}", str(exc)) from None
+        config = attrs.evolve(config, **{section_name: section})
+    validate(config)
+    return config

@@ -1,0 +1,62 @@
+"""TLS on the metrics listener ([metrics] tls_cert / tls_key), certificates from trustme."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+import trio
+import trustme
+
+from broker.runtime.config import ConfigError, from_mapping
+from tests.brokerproc import BrokerProcess
+from tests.observability.metrics.httpc import RawHTTP
+
+
+@pytest.fixture(scope="module")
+def tls_metrics(tmp_path_factory):
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    d = tmp_path_factory.mktemp("metrics-tls")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(d / "m.pem"))
+    cert.private_key_pem.write_to_path(str(d / "m.key"))
+    config = f'[metrics]\ntls_cert = "{d / "m.pem"}"\ntls_key = "{d / "m.key"}"\n'
+    with BrokerProcess(config) as b:
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        yield b, ctx
+
+
+async def test_https_scrape_and_health(tls_metrics):
+    broker, ctx = tls_metrics
+    conn = await RawHTTP.open(broker.addr["metrics"], ctx)
+    await conn.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert (await conn.response()).body == b"ok\n"
+    await conn.send(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    resp = await conn.response()
+    assert resp.status == 200 and b"skan_connections_open" in resp.body
+    await conn.aclose()
+
+
+async def test_plaintext_on_the_tls_port_is_dropped_and_harmless(tls_metrics):
+    broker, ctx = tls_metrics
+    stream = await trio.open_tcp_stream(*broker.addr["metrics"])
+    await stream.send_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+    with trio.fail_after(10):
+        try:
+            while await stream.receive_some(4096):
+                pass  # the broker ends the failed handshake
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+    conn = await RawHTTP.open(broker.addr["metrics"], ctx)
+    await conn.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    assert (await conn.response()).status == 200
+    await conn.aclose()
+    assert not any("Traceback" in line for line in broker.stderr_lines), broker.stderr_lines
+
+
+def test_cert_without_key_is_refused():
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"metrics": {"tls_cert": "/x.pem"}})
+    assert err.value.key == "metrics.tls_cert"

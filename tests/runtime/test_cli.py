@@ -1,0 +1,136 @@
+"""The outside interfaces: skan-broker start-up, config refusal, signals, the skan command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from broker.runtime import config as cfgmod
+from clients.skan import SkanClient
+from tests.brokerproc import ROOT, BrokerProcess
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "broker", *args], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "reason"),
+    [
+        ("[broker]\nmax_frame = 'big'\n", "broker.max_frame", "must be an integer"),
+        ("[broker]\nbogus = 1\n", "broker.bogus", "unknown key"),
+        ("[nosuch]\nx = 1\n", "nosuch", "unknown section"),
+        ("[skan]\nport = 70000\n", "skan.port", "between 0 and 65535"),
+        ("[broker]\nslow_consumer = 'explode'\n", "broker.slow_consumer", "must be one of"),
+        ("[broker]\nmax_frame = 100\nqueue_limit = 1000\n", "broker.queue_limit", "at least"),
+        ("[[bridges]]\nprotocol = 'hsp'\ngroup = 'g'\n", "bridges[0].address", "is required"),
+        ("[[bridges]]\nprotocol = 'hsp'\naddress = 'nohost'\ngroup = 'g'\n",
+         "bridges[0].address", "host:port"),
+        ("[[bridges]]\nprotocol = 'smtp'\naddress = 'h:1'\ngroup = 'g'\n",
+         "bridges[0].protocol", "must be one of"),
+        ("this is not toml", "--config", "not valid TOML"),
+    ],
+)
+def test_bad_config_refused_with_key_and_reason(tmp_path, toml, key, reason):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(cfgmod.ConfigError) as info:
+        cfgmod.load(str(path))
+    assert info.value.key == key and reason in info.value.reason
+    proc = run_broker("--config", str(path), "--skan-port", "0")
+    assert proc.returncode == 2
+    assert key in proc.stderr and reason in proc.stderr
+
+
+def test_flags_override_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[broker]\nhost = '0.0.0.0'\nserver_id = 3\n[skan]\nport = 1234\n")
+    cfg = cfgmod.override(cfgmod.load(str(path)), host="127.0.0.1", skan_port=0,
+                          server_id=None, log_dir="/tmp/x")
+    assert (cfg.broker.host, cfg.skan.port, cfg.broker.server_id, cfg.log.dir) == (
+        "127.0.0.1", 0, 3, "/tmp/x")
+    with pytest.raises(cfgmod.ConfigError, match="--skan-port"):
+        cfgmod.override(cfg, skan_port=99999)
+
+
+def test_example_config_loads():
+    cfg = cfgmod.load(str(ROOT / "docs" / "broker.example.toml"))
+    assert cfg.skan.port == 9912 and cfg.broker.slow_consumer == "disconnect"
+
+
+def test_missing_config_file_refused():
+    proc = run_broker("--config", "/nonexistent/broker.toml")
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+def test_port_in_use_is_a_clear_error():
+    with BrokerProcess() as b:
+        proc = run_broker("--skan-port", str(b.skan[1]), "--hsp-port", "0", "--eventer-port",
+                          "0", "--mariner-port", "0", "--metrics-port", "0")
+        assert proc.returncode != 0 and "cannot start" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_listening_lines_and_graceful_stop(sig):
+    b = BrokerProcess().start()
+    try:
+        assert "skan" in b.addr and b.addr["skan"][1] != 0
+        async with SkanClient.connect(*b.skan) as sub, SkanClient.connect(*b.skan) as pub:
+            await sub.subscribe("bye")
+            for i in range(200):
+                await pub.send("bye", str(i))
+            await pub.barrier()
+            # Everything routed before the signal is delivered before the close.
+            assert b.stop(sig) == 0
+            got = [m.msg async for m in sub]
+        assert got == [str(i).encode() for i in range(200)]
+    finally:
+        b.stop()
+
+
+async def test_skan_command_pub_sub_stats(broker):
+    host, port = broker.skan
+    base = [sys.executable, "-m", "clients.cli", "--host", host, "--port", str(port)]
+    sub = await trio.lowlevel.open_process(
+        [*base, "sub", "cli", "--count", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    # wait until the subscription is in place (the command says so on stderr)
+    line = b""
+    with trio.fail_after(20):
+        while b"subscribed" not in line:
+            line += await sub.stderr.receive_some(1024)
+    pub = await trio.run_process([*base, "pub", "cli", "hello"], env=ENV, capture_stdout=True)
+    assert pub.returncode == 0
+    pub = await trio.run_process([*base, "pub", "cli", '{"n": [1, null]}', "--json"], env=ENV)
+    out = b""
+    with trio.fail_after(20):
+        while out.count(b"\n") < 2:
+            chunk = await sub.stdout.receive_some(4096)
+            if not chunk:
+                break
+            out += chunk
+    await sub.wait()
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("[cli/*]") and lines[0].endswith(": hello")
+    assert lines[1].endswith(': {"n": ["1", null]}')
+    stats = await trio.run_process([*base, "stats"], env=ENV, capture_stdout=True)
+    text = stats.stdout.decode()
+    assert "messages_in" in text and "subscriptions" in text
+
+
+async def test_skan_command_refused_send_exits_nonzero(broker):
+    host, port = broker.skan
+    proc = await trio.run_process(
+        [sys.executable, "-m", "clients.cli", "--host", host, "--port", str(port), "pub", "g",
+         "{not json", "--json"], env=ENV, check=False, capture_stderr=True,
+    )
+    assert proc.returncode != 0 and b"bad --json" in proc.stderr
