@@ -110,6 +110,10 @@ class Counters:
     # "protocol:reason" -> count; see protocol_error() and drop().
     errors: dict[str, int] = attrs.Factory(dict)
     drops: dict[str, int] = attrs.Factory(dict)
+    # "protocol:reason" -> connections refused at accept (max_connections).
+    refused: dict[str, int] = attrs.Factory(dict)
+    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
+    accept_errors: int = 0
 
     def protocol_error(self, protocol: str, reason: str) -> None:
         """Count one protocol error.  ``reason`` is a short fixed label
@@ -117,6 +121,11 @@ class Counters:
         self.protocol_errors += 1
         key = f"{protocol}:{reason}"
         self.errors[key] = self.errors.get(key, 0) + 1
+
+    def refuse(self, protocol: str, reason: str) -> None:
+        """Count one connection refused at accept (a RefusalReason label)."""
+        key = f"{protocol}:{reason}"
+        self.refused[key] = self.refused.get(key, 0) + 1
 
     def drop(self, protocol: str, reason: str) -> None:
         """Count one message dropped for a reason other than a full outgoing queue
