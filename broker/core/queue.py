@@ -84,7 +84,7 @@ class QueuedEndpoint(Endpoint):
     a routed message looks on their wire) and :meth:`encode_control` (how a
     broker reply looks).  They set ``opened`` once their protocol's opening
     (Skan getlname, Eventer MsgInitReq, ...) is done and say through
-    :meth:`frame_pending` whether a received frame is incomplete; the trio
+    :meth:`partial_bytes` how much of an incomplete frame they hold; the trio
     layer (:func:`broker.runtime.transport.run_connection`) enforces the
     handshake and frame timeouts from those, and sets ``kill`` to a callable
     that tears the connection down.
@@ -117,9 +117,9 @@ class QueuedEndpoint(Endpoint):
     def on_bytes(self, data: bytes) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def frame_pending(self) -> bool:
-        """True while a received frame is incomplete (for ``frame_timeout``)."""
-        return False
+    def partial_bytes(self) -> int:
+        """Bytes held of a received frame that is not complete yet (for ``frame_timeout``)."""
+        return 0
 
     def send_ping(self) -> None:
         """Queue a keep-alive ping (protocols with keep-alive override it)."""

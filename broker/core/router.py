@@ -21,15 +21,14 @@ from typing import Any
 
 import attrs
 
+from broker.core.reasons import CloseReason
+
 NORMAL = 0
 MEONLY = 1
 PROMISC = 2
 SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
-SUBTYPE_NAMES = {v: k.decode() for k, v in SUBTYPES.items()}
 
 STAR = b"*"
-
-PROTOCOLS = ("skan", "hsp", "eventer", "mariner", "bridge-hsp", "bridge-eventer", "bridge-mariner")
 
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
@@ -228,7 +227,7 @@ class Router:
         acc[endpoint.protocol] = acc.get(endpoint.protocol, 0) + 1
         return lname
 
-    def detach(self, endpoint: Endpoint, reason: str = "closed") -> None:
+    def detach(self, endpoint: Endpoint, reason: str = CloseReason.CLOSED) -> None:
         """Remove a connection and every subscription it holds.  Idempotent."""
         if self.endpoints.get(endpoint.lname) is not endpoint:
             return

@@ -165,6 +165,16 @@ class BrokerCollector(Collector):
             # Adapters that only bump the plain total still show up.
             errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
+        refused = CounterMetricFamily("skan_connections_refused",
+                                      "Connections refused at accept because max_connections "
+                                      "(broker-wide or the listener's) was reached.",
+                                      labels=["protocol", "reason"])
+        for key, n in sorted(c.refused.items()):
+            refused.add_metric(list(_split(key)), n)
+        yield refused
+        yield _counter("skan_accept_errors",
+                       "accept() calls that failed for lack of descriptors or memory "
+                       "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters

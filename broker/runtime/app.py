@@ -14,6 +14,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
+from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
+    config = apply_descriptor_limit(config)
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=Router(),
                         services=tuple(name for name, _ in enabled))

@@ -123,7 +123,6 @@ class Connections:
 
     def __init__(self) -> None:
         self._stops: set[Callable[[], None]] = set()
-        self.stopping = False
         self.gate = AdmissionGate()
 
     def add(self, stop: Callable[[], None]) -> None:
@@ -133,7 +132,6 @@ class Connections:
         self._stops.discard(stop)
 
     def stop_all(self) -> None:
-        self.stopping = True
         for stop in list(self._stops):
             stop()
 
@@ -241,8 +239,9 @@ async def run_connection(
     the connection after what it queued (e.g. an error frame) has been sent.
     ``ping`` is ``(delay, timeout)`` for protocols with keep-alive.  A
     connection whose ``ep.opened`` is still false ``handshake_timeout``
-    seconds after accept, or whose ``ep.frame_pending()`` stays true for
-    ``frame_timeout`` seconds, is closed (counted as a protocol error).
+    seconds after accept, or that holds the same incomplete frame for
+    ``frame_timeout`` seconds (``ep.partial_bytes()``), is closed (counted
+    as a protocol error).
     """
     writer_done = trio.Event()
     counters = router.counters
@@ -323,6 +322,7 @@ async def run_connection(
                         if latency is not None:
                             routed_before = counters.msgs_in
                             started = time.perf_counter()
+                        held = ep.partial_bytes()
                         try:
                             on_bytes(data)
                         finally:
@@ -331,11 +331,13 @@ async def run_connection(
                             latency.observe(
                                 time.perf_counter() - started, counters.msgs_in - routed_before
                             )
-                        if frame_timeout is not None:
-                            if not ep.frame_pending():
-                                frame_started = None
-                            elif frame_started is None:
-                                frame_started = ep.last_rx
+                        partial = ep.partial_bytes()
+                        if not partial:
+                            frame_started = None
+                        elif frame_started is None or partial < held + len(data):
+                            # A frame completed in this chunk, so the incomplete
+                            # one began in it: its clock starts now.
+                            frame_started = ep.last_rx
                         if router.congested:
                             await relieve_congestion(router, grace)
                 # Let the writer send what is queued (error frame, replies), then close.

@@ -182,8 +182,8 @@ class EventerEndpoint(QueuedEndpoint):
             self._fatal(str(exc))
         self._write()
 
-    def frame_pending(self) -> bool:
-        return self.proto.chatter.buffered > 0
+    def partial_bytes(self) -> int:
+        return self.proto.chatter.buffered
 
     def _fatal(self, reason: str) -> None:
         self.router.counters.protocol_error(self.protocol, ErrorKind.BAD_MESSAGE)

@@ -110,8 +110,8 @@ class HSPEndpoint(QueuedEndpoint):
     def send_ping(self) -> None:
         self.enqueue(self.hsp.send(Ping()))
 
-    def frame_pending(self) -> bool:
-        return self.hsp.buffered > 0
+    def partial_bytes(self) -> int:
+        return self.hsp.buffered
 
     def _answer_error(self, mid: int, code: int, reason: str) -> None:
         self.counters.protocol_error(self.protocol, ERROR_REASONS[code])

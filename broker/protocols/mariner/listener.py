@@ -97,8 +97,8 @@ class MarinerEndpoint(QueuedEndpoint):
     def send_ping(self) -> None:
         self.enqueue(PING_FRAME)
 
-    def frame_pending(self) -> bool:
-        return self.conn.buffered > 0
+    def partial_bytes(self) -> int:
+        return self.conn.buffered
 
     # ---- incoming ----------------------------------------------------------
 

@@ -51,8 +51,8 @@ class SkanEndpoint(QueuedEndpoint):
     def encode_control(self, message: dict[str, Any]) -> bytes:
         return encode_frame(message)
 
-    def frame_pending(self) -> bool:
-        return self.splitter.buffered > 0
+    def partial_bytes(self) -> int:
+        return self.splitter.buffered
 
     def on_bytes(self, data: bytes) -> None:
         try:
