@@ -31,6 +31,7 @@ from broker.core.router import Router
 from clients.common import idle_pinger
 
 if TYPE_CHECKING:
+    from broker.runtime.config import ProtocolListener
     from broker.runtime.context import BrokerContext
 
 log = logging.getLogger(__name__)
@@ -473,17 +474,18 @@ async def _refuse(stream: trio.abc.Stream, refusal: bytes | None) -> None:
 async def serve_protocol(
     ctx: BrokerContext,
     protocol: Protocol,
-    section: Any,
+    section: ProtocolListener,
     new_endpoint: Callable[[], QueuedEndpoint],
     *,
+    keep_alive: tuple[float, float] | None = None,
     refusal: bytes | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve one protocol's listener(s) until cancelled: the one accept path of every protocol.
 
     ``section`` is the listener's config section (port, TLS, per-listener
-    ``max_connections``, and ``ping_delay``/``ping_timeout`` for protocols
-    with keep-alive).  ``new_endpoint()`` makes a fresh endpoint, which this
+    ``max_connections``); ``keep_alive`` is ``(ping_delay, ping_timeout)``
+    for protocols that ping idle peers.  ``new_endpoint()`` makes a fresh endpoint, which this
     attaches to the router and runs with :func:`run_connection`.  A
     connection over a limit gets ``refusal`` (the protocol's own way of
     saying "too many connections", if any) and is closed; counted.
@@ -491,10 +493,7 @@ async def serve_protocol(
     cfg = ctx.config.broker
     router = ctx.router
     listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key)
-    keep_alive = (
-        (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
-    )
-    listener_max = getattr(section, "max_connections", None)
+    listener_max = section.max_connections
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)
 
