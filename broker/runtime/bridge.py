@@ -21,6 +21,7 @@ import trio
 
 from broker.core.router import Endpoint, Routed
 from broker.runtime.config import BridgeSection
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ async def run_bridge(
             await session(status)
             status.last_error = "connection closed"
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
-                ValueError) as exc:
+                ProtocolError) as exc:
             status.last_error = f"{type(exc).__name__}: {exc}"
         was_up = status.up
         status.up = False

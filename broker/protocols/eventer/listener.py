@@ -27,7 +27,7 @@ from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
 from wire import eventer as w
-from wire.chatter import ChatterError
+from wire.errors import ProtocolError
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class EventerConnection(QueuedEndpoint):
                     break
             if self.backlog and self.proto.credit > 0:
                 self._drain_backlog()
-        except ChatterError as exc:
+        except ProtocolError as exc:
             self._fatal(str(exc))
         self._write()
 

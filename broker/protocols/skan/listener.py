@@ -12,7 +12,8 @@ from broker.core.router import Routed, Router
 from broker.core.session import SkanSession, error_frame
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import listener_address, open_listeners, run_connection
-from wire.skan import FrameError, FrameSplitter, SkanError, encode_frame
+from wire.errors import FramingError, MalformedError
+from wire.skan import FrameSplitter, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,15 @@ class SkanConnection(QueuedEndpoint):
 
     def on_bytes(self, data: bytes) -> None:
         try:
-            frames = self.splitter.feed(data)
-        except FrameError as exc:
+            frames = self.splitter.receive_data(data)
+        except FramingError as exc:
             self._fatal("bad-frame", str(exc))
             return
         handle = self.session.handle
         for frame in frames:
             try:
                 rejected = handle(frame)
-            except SkanError as exc:
+            except MalformedError as exc:
                 self._fatal("malformed", f"malformed message: {exc}")
                 return
             if rejected is not None:
