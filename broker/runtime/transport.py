@@ -292,7 +292,13 @@ async def run_connection(
                 with reader_scope:
                     while ep.closing is None:
                         if gate.closed:
+                            # The broker's own pause is not the peer's delay.
+                            paused = trio.current_time()
                             await gate.wait_open()
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                         deadline = handshake_deadline if not ep.opened else float("inf")
                         if frame_started is not None and frame_timeout is not None:
                             deadline = min(deadline, frame_started + frame_timeout)
@@ -340,7 +346,12 @@ async def run_connection(
                             # one began in it: its clock starts now.
                             frame_started = ep.last_rx
                         if router.congested:
+                            paused = trio.current_time()
                             await relieve_congestion(router, grace)
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or CloseReason.CLOSED)
                 ep.queue.wakeup()
