@@ -108,7 +108,9 @@ class ConversationExpired:
     """A conversation we opened got no answer in time (the Chatter timeout)."""
 
     conv: Conversation
-    # "notify", "register", "query", "init" or "ping"
+    # "notify", "register", "query", "init" or "ping"; "peer" for a
+    # conversation the peer opened or handed back and then abandoned (a peer
+    # fault to count, see wire.chatter.connection.MAX_HELD_AGE).
     kind: str
 
 
@@ -145,7 +147,7 @@ class _Side:
     def check_timeouts(self, now: float) -> list[ConversationExpired]:
         expired = []
         for conv in self.chatter.check_timeouts(now):
-            kind = self._waiting.pop(conv, "other")
+            kind = self._waiting.pop(conv, "peer")
             self._expired(conv, kind)
             expired.append(ConversationExpired(conv, kind))
         return expired
@@ -202,6 +204,8 @@ class ServerConnection(_Side):
         if msg.type == "HatEventer.MsgEventsAck":
             _decode(msg)
             self.unacked.discard(msg.conv)
+            # The ack answers the notify, whether or not it ends the conversation.
+            self._waiting.pop(msg.conv, None)
             return EventsAcked(msg.conv)
         if msg.type == "HatEventer.MsgRegisterReq":
             if not msg.first:
