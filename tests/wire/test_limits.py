@@ -323,3 +323,17 @@ def test_mariner_server_counts_items_per_message_and_client_per_batch():
     assert len(msg.events) == 20_000
     with pytest.raises(LimitError):
         MarinerConnection(SERVER, 8 << 20).receive_data(encode_frame(batch))
+
+
+def test_acknowledged_notifications_leave_no_bookkeeping_behind():
+    """Every notify used to stay in the server's waiting table after its ack."""
+    client, server = opened()
+    for i in range(100):
+        server.notify([], now=float(i))
+        for ev in client.receive_data(server.data_to_send(), float(i)):
+            client.ack(ev.ack_conv)
+        server.receive_data(client.data_to_send(), float(i))
+    assert server.credit == server.notify_credit
+    assert server.chatter.open_conversations == 0
+    assert server.next_deadline() is None
+    assert not server._waiting

@@ -270,7 +270,8 @@ class EventerEndpoint(QueuedEndpoint):
             if expired.kind == "peer":
                 # A conversation the client opened or handed back and abandoned:
                 # forgotten (bounded state), counted, the connection stays.
-                self.router.counters.protocol_error("eventer", "abandoned-conversation")
+                self.router.counters.protocol_error(self.protocol,
+                                                    ErrorKind.ABANDONED_CONVERSATION)
                 log.info("eventer %s (%s): expired a conversation the client left open",
                          self.lname.decode(), self.client_name)
                 continue
