@@ -61,21 +61,28 @@ _DECODER = json.JSONDecoder(
 )
 
 
-def check_shape(text: str, budget: ItemBudget, max_depth: int, what: str) -> None:
-    """Refuse ``text`` if it has more items than ``budget`` allows or nests too deeply.
+def check_shape(
+    text: str, budget: ItemBudget, max_depth: int, what: str, max_items: int | None = None
+) -> None:
+    """Refuse ``text`` if it has more items than ``budget`` allows (or than
+    ``max_items`` on its own), or nests deeper than ``max_depth``.
 
     Cheap when the text is small or flat: the counts over the whole text are
     an upper bound, and only when they exceed a limit are strings removed to
     count exactly.
     """
+    own = budget.left if max_items is None else min(budget.left, max_items)
     opens = text.count("[") + text.count("{")
     items = text.count(",") + opens + 1
-    if items <= budget.left and opens <= max_depth:
+    if items <= own and opens <= max_depth:
         budget.spend(items, what)
         return
     bare = _STRING.sub('""', text)
     opens = bare.count("[") + bare.count("{")
-    budget.spend(bare.count(",") + opens + 1, what)
+    items = bare.count(",") + opens + 1
+    if max_items is not None and items > max_items:
+        raise LimitError(f"{what} has more than {max_items} items")
+    budget.spend(items, what)
     if opens <= max_depth:
         return
     brackets = _NOT_BRACKET.sub("", bare)
@@ -87,6 +94,32 @@ def check_shape(text: str, budget: ItemBudget, max_depth: int, what: str) -> Non
             raise MalformedError(f"{what} is not valid JSON: unbalanced brackets")
         brackets = peeled
     raise LimitError(f"{what} is nested too deeply (more than {max_depth} levels)")
+
+
+def check_value(value: Any, max_items: int, max_depth: int, what: str) -> None:
+    """Refuse an already parsed value with more than ``max_items`` values or
+    deeper than ``max_depth`` levels; iterative, stops at the first excess.
+
+    For a part of a larger message that was parsed whole (a Mariner event's
+    payload), so that the Skan message built from it passes the same limits.
+    """
+    items = 0
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        items += 1
+        if items > max_items:
+            raise LimitError(f"{what} has more than {max_items} items")
+        if isinstance(v, list):
+            depth += 1
+            if depth > max_depth:
+                raise LimitError(f"{what} is nested too deeply (more than {max_depth} levels)")
+            stack.extend((x, depth) for x in v)
+        elif isinstance(v, dict):
+            depth += 1
+            if depth > max_depth:
+                raise LimitError(f"{what} is nested too deeply (more than {max_depth} levels)")
+            stack.extend((x, depth) for x in v.values())
 
 
 def _has_surrogate(value: Any) -> bool:
@@ -111,12 +144,13 @@ def loads(
     what: str = "JSON",
     budget: ItemBudget | None = None,
     max_depth: int = MAX_DEPTH,
+    max_items: int | None = None,
 ) -> Any:
     """Parse peer JSON within the limits; MalformedError/LimitError on any fault.
 
     ``bytes`` must be UTF-8.  ``budget`` (default: MAX_ITEMS for this text
     alone) is charged for the text's items, so several texts of one message
-    can share one budget.
+    can share one budget; ``max_items`` bounds this text on its own too.
     """
     if isinstance(text, bytes | bytearray | memoryview):
         try:
@@ -125,7 +159,7 @@ def loads(
             raise MalformedError(f"{what} is not UTF-8 (byte {exc.start})") from None
     if budget is None:
         budget = ItemBudget(MAX_ITEMS)
-    check_shape(text, budget, max_depth, what)
+    check_shape(text, budget, max_depth, what, max_items)
     try:
         value = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
@@ -137,4 +171,4 @@ def loads(
     return value
 
 
-__all__ = ["check_shape", "loads"]
+__all__ = ["check_shape", "check_value", "loads"]

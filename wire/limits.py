@@ -40,6 +40,15 @@ MAX_DEPTH = 100
 # MAX_DEPTH still fits its envelope.
 ENVELOPE_DEPTH = 8
 
+# Routing tags a Skan message the broker builds puts around an event payload
+# (type, from, to, group, instance, seq, msg, payload-type, source-timestamp,
+# hsp-type, with room to spare).
+HEADER_ITEMS = 16
+
+# Items of one event payload (JSON), so that the Skan message the broker
+# builds from it (payload + routing tags) passes MAX_ITEMS at every Skan peer.
+MAX_PAYLOAD_ITEMS = MAX_ITEMS - HEADER_ITEMS
+
 # Decimal digits of one JSON integer.  int64 needs 19, and Python refuses
 # more than 4,300 with a ValueError; 100 digits carries any integer a Hat
 # peer can mean while converting it costs nothing.
@@ -68,9 +77,11 @@ class ItemBudget:
 
 __all__ = [
     "ENVELOPE_DEPTH",
+    "HEADER_ITEMS",
     "MAX_BATCH_ITEMS",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
     "MAX_ITEMS",
+    "MAX_PAYLOAD_ITEMS",
     "ItemBudget",
 ]

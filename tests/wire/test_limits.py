@@ -18,7 +18,14 @@ from wire.eventer import (
     Status,
 )
 from wire.eventer import messages as m
-from wire.limits import MAX_BATCH_ITEMS, MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, ItemBudget
+from wire.limits import (
+    MAX_BATCH_ITEMS,
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    MAX_ITEMS,
+    MAX_PAYLOAD_ITEMS,
+    ItemBudget,
+)
 from wire.mariner import CLIENT, SERVER, MarinerConnection, encode_frame
 from wire.skan import decode, decode_header, encode
 
@@ -337,3 +344,46 @@ def test_acknowledged_notifications_leave_no_bookkeeping_behind():
     assert server.chatter.open_conversations == 0
     assert server.next_deadline() is None
     assert not server._waiting
+
+
+# ---- what passes one protocol fits the Skan message built from it --------------------
+
+
+def _as_skan(value):
+    if isinstance(value, list):
+        return [_as_skan(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_skan(v) for k, v in value.items()}
+    return None if value is None else str(value)
+
+
+def test_largest_and_deepest_accepted_payloads_become_valid_skan_messages():
+    flat = "[" + "0," * (MAX_PAYLOAD_ITEMS - 2) + "0]"
+    deep = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    for text in (flat, deep):
+        value = boundedjson.loads(text, max_items=MAX_PAYLOAD_ITEMS)
+        tags = {t: "x" for t in ("type", "from", "to", "group", "instance", "seq",
+                                 "payload-type", "source-timestamp", "hsp-type")}
+        decode_header(encode({**tags, "msg": _as_skan(value)}))
+    with pytest.raises(LimitError):
+        boundedjson.loads("[" + "0," * (MAX_PAYLOAD_ITEMS - 1) + "0]",
+                          max_items=MAX_PAYLOAD_ITEMS)
+
+
+def _mariner_event(payload: str) -> bytes:
+    return (b'{"type": "events", "events": [{"id": {"server": 1, "session": 1, "instance": 1}, '
+            b'"type": ["a"], "timestamp": {"s": 1, "us": 0}, "source_timestamp": null, '
+            b'"payload": {"type": "json", "data": ' + payload.encode() + b"}}]}")
+
+
+def test_mariner_payload_alone_must_fit_a_skan_message():
+    client = MarinerConnection(CLIENT, 8 << 20)
+    client.initialised = True
+    (msg,) = client.receive_data(encode_frame(_mariner_event("[" * MAX_DEPTH + "]" * MAX_DEPTH)))
+    assert msg.events[0].payload is not None
+    with pytest.raises(LimitError, match="nested too deeply"):
+        client.receive_data(encode_frame(_mariner_event("[" * 103 + "]" * 103)))
+    client = MarinerConnection(CLIENT, 8 << 20)
+    client.initialised = True
+    with pytest.raises(LimitError, match="items"):
+        client.receive_data(encode_frame(_mariner_event("[" + "0," * MAX_PAYLOAD_ITEMS + "0]")))

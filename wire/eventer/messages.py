@@ -17,7 +17,7 @@ from wire import boundedjson
 from wire.chatter import sbs
 from wire.errors import LocalProtocolError
 from wire.hattime import split_timestamp
-from wire.limits import ItemBudget
+from wire.limits import MAX_PAYLOAD_ITEMS, ItemBudget
 
 EventType = tuple[str, ...]
 
@@ -193,10 +193,13 @@ def payload_from_sbs(
     v: tuple[str, Any], budget: ItemBudget | None = None
 ) -> BinaryPayload | JsonPayload:
     """A payload from its SBS value; a json payload is parsed within the decoder
-    limits, charged to ``budget`` (the message's) when given."""
+    limits (MAX_PAYLOAD_ITEMS on its own, so the Skan message built from it
+    passes MAX_ITEMS), charged to ``budget`` (the message's) when given."""
     if v[0] == "binary":
         return BinaryPayload(v[1]["type"], bytes(v[1]["data"]))
-    return JsonPayload(boundedjson.loads(v[1], what="json payload", budget=budget))
+    return JsonPayload(boundedjson.loads(
+        v[1], what="json payload", budget=budget, max_items=MAX_PAYLOAD_ITEMS
+    ))
 
 
 def _event_type(v: list[str]) -> EventType:

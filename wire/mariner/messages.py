@@ -23,7 +23,7 @@ import attrs
 
 from wire import boundedjson
 from wire.errors import MalformedError
-from wire.limits import ENVELOPE_DEPTH, MAX_DEPTH, MAX_ITEMS, ItemBudget
+from wire.limits import ENVELOPE_DEPTH, MAX_DEPTH, MAX_ITEMS, MAX_PAYLOAD_ITEMS, ItemBudget
 
 # A message body that is not a valid Mariner message; the reason says why
 # (one class, see wire.errors).
@@ -197,6 +197,9 @@ def decode_payload(value: Any, path: str) -> Payload:
     ptype = _string(_field(obj, "type", path), f"{path}.type")
     data = _field(obj, "data", path)
     if ptype == "json":
+        # The message was parsed whole within its own limits; the payload
+        # alone must also fit a Skan message (what a bridge builds from it).
+        boundedjson.check_value(data, MAX_PAYLOAD_ITEMS, MAX_DEPTH, f"{path}.data")
         return JsonPayload(data)
     if ptype == "binary":
         return BinaryPayload(_base64(data, f"{path}.data"))
