@@ -22,8 +22,10 @@ drops copies a NATS reconnect may repeat.
 Interest: the backplane keeps one NATS subscription per group with local
 subscribers (aggregated, not per instance), one for every group when a Hat
 pattern's first segment is a wildcard, and one for traffic directed to its
-own clients.  ``pending`` collects the protocol bytes to write; the trio
-driver writes them once per batch.
+own clients.  Protocol bytes go to ``send`` (the trio driver's queue
+towards NATS, which returns False when it cannot take them: NATS is down
+or slower than this broker, and the message is counted in ``drops``); by
+default they collect in ``pending`` (the pure tests read them there).
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ class Backplane(Endpoint):
         self.server_id = server_id
         self.lname = b"backplane/%d" % server_id
         self.pending: list[bytes] = []
+        self.send: Callable[[bytes], bool] = self._keep
         # subject -> (sid, reference count)
         self._subs: dict[bytes, list[Any]] = {}
         self._next_sid = 0
         # origin server id -> last (session, instance) routed from it
         self._hwm: dict[int, tuple[int, int]] = {}
         self.sent = 0
+        self.drops = 0
         self.received = 0
         self.duplicates = 0
         self.malformed = 0
@@ -96,8 +100,10 @@ class Backplane(Endpoint):
         origin = origin_value(self.server_id, routed.session, routed.instance, routed.timestamp)
         block = nats.header_block([(ORIGIN_HEADER, origin)])
         subject = subjects.message_subject(header[b"group"], header[b"instance"], to)
-        self.pending.append(nats.hpub(subject, block, routed.frame))
-        self.sent += 1
+        if self.send(nats.hpub(subject, block, routed.frame)):
+            self.sent += 1
+        else:
+            self.drops += 1
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         """The backplane is never a local recipient (it holds no subscriptions)."""
@@ -125,7 +131,7 @@ class Backplane(Endpoint):
         self._next_sid += 1
         sid = b"%d" % self._next_sid
         self._subs[subject] = [sid, 1]
-        self.pending.append(nats.sub(subject, sid))
+        self.send(nats.sub(subject, sid))  # if lost, resubscribe() restores it
 
     def _drop(self, subject: bytes) -> None:
         entry = self._subs.get(subject)
@@ -134,7 +140,7 @@ class Backplane(Endpoint):
         entry[1] -= 1
         if entry[1] <= 0:
             del self._subs[subject]
-            self.pending.append(nats.unsub(entry[0]))
+            self.send(nats.unsub(entry[0]))
 
     def resubscribe(self) -> list[bytes]:
         """Commands that restore every subscription on a fresh NATS connection."""
@@ -178,6 +184,10 @@ class Backplane(Endpoint):
             self._remote, msg.payload, header,
             origin=(server, session, instance, timestamp),
         )
+
+    def _keep(self, data: bytes) -> bool:
+        self.pending.append(data)
+        return True
 
     def take_pending(self) -> bytes:
         data = b"".join(self.pending)

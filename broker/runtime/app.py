@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -17,6 +18,14 @@ from broker.runtime.context import BrokerContext
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
+
+
+def new_router(config: Config) -> Router:
+    """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
+    server_id = config.broker.server_id
+    if config.cluster.enabled:
+        return Router(hostname=f"{socket.gethostname()}/{server_id}", server_id=server_id)
+    return Router(server_id=server_id)
 
 
 def _print_ready(lines: list[str]) -> None:
@@ -33,7 +42,7 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router())
+    ctx = BrokerContext(config=config, router=new_router(config))
     retention = RetentionStore(config.retention.size)
     retention.attach(ctx.router)
     ctx.components["retention"] = retention

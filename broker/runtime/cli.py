@@ -8,6 +8,7 @@ import sys
 
 import trio
 
+from broker.cluster.service import ClusterStartError
 from broker.runtime import app, config
 
 
@@ -25,6 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9914)")
     p.add_argument("--log-dir", help="routing-log directory (default var/routing-log)")
     p.add_argument("--server-id", type=int, help="Hat server id used in EventIds (default 1)")
+    p.add_argument("--cluster", metavar="URL", action="append",
+                   help="NATS server of the cluster backplane (repeat for failover)")
     p.add_argument("--log-level", default="INFO", help="diagnostic log level (default INFO)")
     return p.parse_args(argv)
 
@@ -35,6 +38,7 @@ def build_config(args: argparse.Namespace) -> config.Config:
         cfg,
         host=args.host,
         server_id=args.server_id,
+        cluster=tuple(args.cluster) if args.cluster else None,
         skan_port=args.skan_port,
         hsp_port=args.hsp_port,
         eventer_port=args.eventer_port,
@@ -58,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         trio.run(app.run, cfg)
-    except (OSError, BaseExceptionGroup) as exc:
-        os_error = _find(exc, OSError)
+    except (OSError, ClusterStartError, BaseExceptionGroup) as exc:
+        os_error = _find(exc, OSError) or _find(exc, ClusterStartError)
         if os_error is None:
             raise
         print(f"skan-broker: cannot start: {os_error}", file=sys.stderr)
