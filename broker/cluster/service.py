@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from functools import partial
 
 import attrs
 import trio
@@ -24,6 +25,7 @@ from broker.cluster.backplane import Backplane
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
+from broker.runtime.transport import write_loop
 from wire import nats
 from wire.errors import ProtocolError
 
@@ -60,6 +62,14 @@ class ClusterStatus:
     def brokers_seen(self, now: float, heartbeat: float) -> list[int]:
         return sorted([self.server_id, *(s for s, t in self.seen.items()
                                          if now - t < 3 * heartbeat)])
+
+
+@attrs.define(eq=False)
+class ClusterLink:
+    """The backplane and its status, for ``stats`` and the metrics."""
+
+    backplane: Backplane
+    status: ClusterStatus
 
 
 class _Link:
@@ -129,7 +139,7 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     status = ClusterStatus(server_id)
     backplane = Backplane(ctx.router, server_id)
     queue = OutQueue(cfg.queue_limit)
-    ctx.components["cluster"] = (backplane, status)
+    ctx.cluster = ClusterLink(backplane, status)
 
     def forward(data: bytes) -> bool:
         return status.up and queue.push(data)
@@ -178,16 +188,6 @@ async def _run_link(ctx: BrokerContext, link: _Link, backplane: Backplane, queue
     status.up = True
     status.url = link.url
     status.connects += 1
-    lot = trio.lowlevel.ParkingLot()
-    queue.wakeup = lot.unpark_all
-
-    async def writer() -> None:
-        while True:
-            if not queue.size:
-                queue.waiting = True
-                await lot.park()
-                continue
-            await link.stream.send_all(queue.take_all())
 
     async def heartbeat() -> None:
         body = json.dumps({"server": server_id}).encode()
@@ -196,7 +196,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, backplane: Backplane, queue
             await trio.sleep(cfg.heartbeat)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer)
+        nursery.start_soon(partial(write_loop, link.stream, queue, done_when_empty=_never))
         nursery.start_soon(heartbeat)
         while True:
             events = await link.events()
@@ -215,6 +215,10 @@ async def _run_link(ctx: BrokerContext, link: _Link, backplane: Backplane, queue
                 elif isinstance(ev, nats.Err):
                     log.warning("cluster: NATS error: %s", ev.message)
             router.end_batch()
+
+
+def _never() -> bool:
+    return False
 
 
 def _heard(status: ClusterStatus, payload: bytes) -> None:
