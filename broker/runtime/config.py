@@ -84,6 +84,9 @@ class BrokerSection:
     handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
     # Seconds a frame that has begun may take to arrive completely.
     frame_timeout: float = attrs.field(default=30.0, validator=_positive)
+    # Bind client listeners with SO_REUSEPORT, so several broker processes
+    # (``--workers``) share the ports and the kernel spreads connections.
+    reuse_port: bool = False
 
 
 def _port_field(default: int) -> Any:
@@ -390,6 +393,7 @@ def override(config: Config, **flags: Any) -> Config:
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
         "cluster": ("cluster", "url"),
+        "reuse_port": ("broker", "reuse_port"),
     }
     for flag, value in flags.items():
         if value is None:

@@ -160,3 +160,38 @@ def test_cluster_url_refused_when_malformed(tmp_path):
                           env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert "cluster.url[0]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.trio
+async def test_workers_share_the_port_and_route_between_them(nats1, tmp_path):
+    """``--workers 2``: two processes on one Skan port; clients on either see each other."""
+    proc = BrokerProcess(f'[cluster]\nurl = "{nats1.nodes[0].url}"\nid_probe_timeout = 0.3\n',
+                         args=("--workers", "2"))
+    with proc:
+        lnames, clients = set(), []
+        try:
+            # The kernel spreads connections over the workers: open a few until
+            # both workers (server ids 1 and 2) hold one.
+            for _ in range(40):
+                c = await RawSkan.open(proc.skan)
+                clients.append(c)
+                lnames.add((await c.getlname()).rsplit(b"/", 1)[1])
+                if len(lnames) == 2:
+                    break
+            assert lnames == {b"1", b"2"}
+            by_worker: dict[bytes, RawSkan] = {}
+            for c in clients:
+                by_worker[(await c.getlname()).rsplit(b"/", 1)[1]] = c
+            sub, pub = by_worker[b"1"], by_worker[b"2"]
+            await sub.send({"type": "subscribe", "group": "w", "instance": "*"})
+            await sub.getlname()
+            await settle()
+            from wire.skan import encode_frame
+            frame = encode_frame({"type": "send", "group": "w", "instance": "1", "to": "*",
+                                  "from": await pub.getlname(), "seq": "1", "msg": "hi"})
+            await pub.send_bytes(frame)
+            assert await sub.frame() == frame
+        finally:
+            for c in clients:
+                await c.aclose()
+    assert proc.proc.returncode == 0
