@@ -111,3 +111,28 @@ def test_overlapping_subscriptions_deliver_once():
     log = run(ops_list, 2)
     assert sum(log.values()) == 1
 
+
+
+def test_event_id_and_timestamp_are_the_origins():
+    """One EventId and timestamp per message cluster-wide: the broker it entered assigns them."""
+    seen: list[Routed] = []
+    routers = [Router(server_id=7, clock=lambda: 1700000000.123456789),
+               Router(server_id=9, clock=lambda: 5.0)]
+    backplanes = [Backplane(r, r.server_id) for r in routers]
+    fake = FakeNats(backplanes)
+    fake.pump()
+    pub, sub = Recorder(Counter(), 0), Recorder(Counter(), 1)
+    attach_as(routers[0], pub, lname(0, 0))
+    attach_as(routers[1], sub, lname(1, 1))
+    routers[1].subscribe(sub, b"g", b"*", NORMAL)
+    routers[1].observers.append(seen.append)
+    fake.pump()
+    frame = encode_frame({"type": "send", "group": "g", "instance": "1", "to": "*",
+                          "from": pub.lname, "seq": "1", "msg": b"m"})
+    sent = routers[0].route(pub, frame, decode_header(frame, 4))
+    routers[0].end_batch()
+    fake.pump()
+    [got] = seen
+    assert (got.server, got.session, got.instance, got.timestamp) == (
+        7, sent.session, sent.instance, 1700000000.123456789)
+    assert got.frame == frame

@@ -83,12 +83,14 @@ OK_EVENT = Ok()
 class NatsConnection:
     """The client side of one NATS connection."""
 
-    __slots__ = ("_buffer", "_dead", "max_payload")
+    __slots__ = ("_args", "_buffer", "_dead", "max_payload")
 
     def __init__(self) -> None:
         self._buffer = ReceiveBuffer()
         self.max_payload = DEFAULT_MAX_PAYLOAD
         self._dead: NatsError | None = None
+        # The MSG/HMSG line _measure parsed last, for _event: (start, args).
+        self._args: tuple[int, tuple[bytes, bytes, bytes | None, int, int]] | None = None
 
     def receive_data(self, data: bytes) -> list[Event]:
         """The complete events ``data`` finishes, in order."""
@@ -114,8 +116,10 @@ class NatsConnection:
                 raise NatsError(f"protocol line longer than {MAX_CONTROL_LINE} bytes")
             return -1
         n = end + 2 - pos
-        if buf[pos:pos + 1] in (b"M", b"m", b"H", b"h"):
-            n += self._msg_args(buf[pos:end])[4] + 2
+        if buf[pos] in _MSG_INITIALS:
+            args = self._msg_args(buf[pos:end])
+            self._args = (pos, args)
+            n += args[4] + 2
         return n
 
     def _msg_args(self, line: bytes) -> tuple[bytes, bytes, bytes | None, int, int]:
@@ -143,9 +147,14 @@ class NatsConnection:
     def _event(self, buf: bytes, start: int, stop: int) -> Event | None:
         end = buf.find(CRLF, start, stop)
         line = buf[start:end]
-        op = line.split(b" ", 1)[0].upper()
-        if op == b"MSG" or op == b"HMSG":
-            subject, sid, reply, hlen, total = self._msg_args(line)
+        cached = self._args
+        if cached is not None and buf[start] in _MSG_INITIALS:
+            # _measure parsed this line (the span starts where it measured;
+            # a span re-based to 0 by the buffer's join is parsed again).
+            subject, sid, reply, hlen, total = (
+                cached[1] if cached[0] == start else self._msg_args(line)
+            )
+            self._args = None
             body = buf[end + 2:stop]
             if body[total:] != CRLF:
                 raise NatsError("message payload not followed by CRLF")
@@ -155,6 +164,7 @@ class NatsConnection:
             if not headers.startswith(HEADER_VERSION):
                 raise NatsError("HMSG header block without NATS/1.0")
             return Msg(subject, sid, reply, body[hlen:total], headers)
+        op = line.split(b" ", 1)[0].upper()
         if op == b"PING":
             return PING_EVENT
         if op == b"PONG":
@@ -179,6 +189,9 @@ class NatsConnection:
 
 
 # ---- commands (client -> server) ----------------------------------------
+
+
+_MSG_INITIALS = frozenset(b"MmHh")
 
 
 def connect(options: dict[str, Any]) -> bytes:
