@@ -471,7 +471,7 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     listening = {name for name, enabled, _ in services() if enabled(cfg)}
     protocols = ["skan", *(p for p in ("hsp", "eventer", "mariner") if p in listening)]
     protocols += sorted({f"bridge-{b.protocol}" for b in cfg.bridges})
-    registry = build_registry(ctx, protocols)
+    registry = build_registry(ctx, protocols, {PROTOCOL: [f.value for f in Fault]})
     allowed = tuple(g.encode() for g in cfg.metrics.groups)
 
     def render() -> bytes:

@@ -15,7 +15,7 @@ and error reasons the code chooses, configured bridge names) except the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import (
@@ -31,6 +31,25 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
+
+# Label values known in advance, so their series exist at 0 from the first
+# scrape: rate() and increase() then see the first event, and dashboards
+# draw 0 instead of "no data".  Close reasons: the reason given to
+# router.detach / ep.kill by the transport, the queues and the adapters;
+# every one is initialised for every protocol.
+CLOSE_REASONS = (
+    "eof", "reset", "closed", "shutdown", "protocol-error", "slow-consumer", "ping-timeout",
+    "conversation-timeout", "init-refused", "unauthorised", "bridge-stopped",
+)
+# Protocol-error reasons per protocol (router.counters.protocol_error calls).
+ERROR_REASONS: dict[str, tuple[str, ...]] = {
+    "skan": ("bad-frame", "malformed", "rejected"),
+    "hsp": ("malformed", "rejected", "too-large", "not-authorised", "unknown-type",
+            "protocol-violation"),
+    "eventer": ("bad-message", "init-refused"),
+    "mariner": ("bad-message", "not-authorised"),
+    "bridge-mariner": ("unroutable-event",),
+}
 
 # Groups whose counts are kept between scrapes.  Group names are chosen by
 # clients, so the table is pruned back to the allow-list plus the busiest
@@ -79,7 +98,8 @@ def prune_group_stats(
 class BrokerCollector(Collector):
     """Reads a broker's counters when Prometheus scrapes."""
 
-    def __init__(self, ctx: Any, protocols: Iterable[str] = ("skan",)) -> None:
+    def __init__(self, ctx: Any, protocols: Iterable[str] = ("skan",),
+                 errors: Mapping[str, Iterable[str]] | None = None) -> None:
         self.ctx = ctx
         cfg = ctx.config.metrics
         self.allowed = tuple(g.encode() for g in cfg.groups)
@@ -87,6 +107,15 @@ class BrokerCollector(Collector):
         # Protocols whose series exist (at 0) before their first connection, so
         # the first increase is visible to rate() and dashboards have a line.
         self.protocols = tuple(protocols)
+        # "protocol:reason" keys of skan_connections_closed_total and
+        # skan_protocol_errors_total that exist at 0 from the start: every
+        # close reason of every protocol, the error reasons of each protocol,
+        # plus the ``errors`` of other listeners (the metrics endpoint's own).
+        self.closed_keys = tuple(f"{p}:{r}" for p in self.protocols for r in CLOSE_REASONS)
+        known = {p: ERROR_REASONS.get(p, ()) for p in self.protocols}
+        for proto, reasons in (errors or {}).items():
+            known[proto] = (*known.get(proto, ()), *reasons)
+        self.error_keys = tuple(f"{p}:{r}" for p, reasons in known.items() for r in reasons)
 
     def collect(self) -> Iterator[Metric]:
         ctx = self.ctx
@@ -142,7 +171,7 @@ class BrokerCollector(Collector):
         yield accepted
         closed = CounterMetricFamily("skan_connections_closed", "Connections closed, by reason.",
                                      labels=["protocol", "reason"])
-        for key, n in sorted(c.closed.items()):
+        for key, n in sorted({**dict.fromkeys(self.closed_keys, 0), **c.closed}.items()):
             closed.add_metric(list(_split(key)), n)
         yield closed
         yield _counter("skan_slow_consumer_disconnects",
@@ -152,12 +181,11 @@ class BrokerCollector(Collector):
                                      "Protocol errors (malformed or refused input).",
                                      labels=["protocol", "reason"])
         labelled = 0
-        for key, n in sorted(c.errors.items()):
+        for key, n in sorted({**dict.fromkeys(self.error_keys, 0), **c.errors}.items()):
             errors.add_metric(list(_split(key)), n)
             labelled += n
-        if c.protocol_errors > labelled:
-            # Adapters that only bump the plain total still show up.
-            errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
+        # Adapters that only bump the plain total still show up.
+        errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
@@ -327,10 +355,11 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def build_registry(ctx: Any, protocols: Iterable[str] = ("skan",)) -> CollectorRegistry:
+def build_registry(ctx: Any, protocols: Iterable[str] = ("skan",),
+                   errors: Mapping[str, Iterable[str]] | None = None) -> CollectorRegistry:
     """A private registry: the broker's collector plus process, platform and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(ctx, protocols))
+    registry.register(BrokerCollector(ctx, protocols, errors))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trio
 from prometheus_client.exposition import generate_latest
 
 from broker.core.router import Router
-from broker.observability.metrics import build_registry, exported_groups, prune_group_stats
+from broker.observability.metrics import (
+    CLOSE_REASONS,
+    ERROR_REASONS,
+    build_registry,
+    exported_groups,
+    prune_group_stats,
+)
 from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
 from broker.runtime.config import BridgeSection, Config, MetricsSection
 from broker.runtime.context import BrokerContext
 from clients.skan import SkanClient
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import samples, scrape, value
 from tests.rawhsp import RawHSP
 from tests.rawmariner import RawMariner
@@ -268,4 +276,47 @@ async def test_hsp_and_mariner_errors_carry_protocol_and_reason(mbroker):
     assert delta(after, "eventer", "bad-message") == 1
     unlabelled = ("skan_protocol_errors_total",
                   frozenset({"protocol": "unknown", "reason": "unlabelled"}.items()))
-    assert unlabelled not in after
+    assert after[unlabelled] == 0  # every error above carried its protocol and reason
+
+
+# ---- every known label value exists from the first scrape -----------------------
+
+
+async def test_closed_and_error_series_exist_at_zero_from_the_first_scrape():
+    with BrokerProcess("[log]\nenabled = false\n") as proc:
+        data = await scrape(proc.addr["metrics"])
+    for proto in ("skan", "hsp", "eventer", "mariner"):
+        for reason in CLOSE_REASONS:
+            assert value(data, "skan_connections_closed_total", protocol=proto,
+                         reason=reason) == 0, (proto, reason)
+        for reason in ERROR_REASONS[proto]:
+            assert value(data, "skan_protocol_errors_total", protocol=proto,
+                         reason=reason) == 0, (proto, reason)
+    # A few spelled out, so the test does not only compare the code with itself.
+    for proto, reason in (("skan", "eof"), ("skan", "slow-consumer"), ("hsp", "ping-timeout"),
+                          ("eventer", "conversation-timeout"), ("mariner", "unauthorised")):
+        assert value(data, "skan_connections_closed_total", protocol=proto, reason=reason) == 0
+    for proto, reason in (("skan", "malformed"), ("hsp", "too-large"),
+                          ("eventer", "bad-message"), ("metrics", "request-timeout"),
+                          ("metrics", "malformed"), ("unknown", "unlabelled")):
+        assert value(data, "skan_protocol_errors_total", protocol=proto, reason=reason) == 0
+    # No bridge configured: no bridge protocols, no bridge series.
+    assert not any(proto.startswith("bridge-") for (name, labels) in data
+                   for key, proto in labels if key == "protocol")
+
+
+def test_every_reason_the_code_uses_is_initialised():
+    """Reason literals passed to protocol_error(), detach(), kill() or set as
+    ``closing`` in broker/ are all in the known lists (so none starts absent)."""
+    errors: set[tuple[str, str]] = set()
+    closes: set[str] = set()
+    for path in (ROOT / "broker").rglob("*.py"):
+        text = path.read_text()
+        errors |= set(re.findall(r'protocol_error\(\s*"([\w-]+)",\s*"([\w-]+)"\)', text))
+        closes |= set(re.findall(r'(?:closing = |kill\(|detach\([^,()]+, )"([\w-]+)"', text))
+    closes |= set(re.findall(r'closing or "([\w-]+)"', (ROOT / "broker" / "runtime" /
+                                                         "transport.py").read_text()))
+    assert errors and closes  # the patterns still find the call sites
+    known_errors = {(p, r) for p, reasons in ERROR_REASONS.items() for r in reasons}
+    assert errors <= known_errors, errors - known_errors
+    assert closes <= set(CLOSE_REASONS), closes - set(CLOSE_REASONS)

@@ -168,6 +168,23 @@ async def test_trickling_clients_cannot_lock_out_scrapes(broker):
         await conn.aclose()
 
 
+async def test_metrics_host_binds_the_metrics_port_apart():
+    """[metrics] host: the metrics listener on its own address, the others on [broker] host."""
+    with BrokerProcess('[broker]\nhost = "127.0.0.1"\n[metrics]\nhost = "127.0.0.2"\n') as proc:
+        assert proc.addr["metrics"][0] == "127.0.0.2"
+        assert proc.addr["skan"][0] == "127.0.0.1"
+        assert (await get(proc.addr["metrics"], "/healthz")).status == 200
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream("127.0.0.1", proc.addr["metrics"][1])
+
+
+def test_metrics_host_must_be_a_string():
+    with pytest.raises(config.ConfigError) as err:
+        config.from_mapping({"metrics": {"host": 5}})
+    assert err.value.key == "metrics.host"
+    assert config.from_mapping({}).metrics.host is None
+
+
 async def test_metrics_disabled_means_no_listener():
     with BrokerProcess("[metrics]\nenabled = false\n") as proc:
         assert "metrics" not in proc.addr
