@@ -52,8 +52,8 @@ MAX_HEADERS = 64
 # Concurrent HTTP connections.  Scrapers are few; the cap bounds the tasks
 # and buffers HTTP clients can make the broker hold.  At the cap a new
 # connection takes the place of an idle or unfinished one (see
-# MetricsHTTP._victim); only when all of them are being answered does it get
-# 503.
+# MetricsHTTP._victim); only when all of them are being answered right now
+# does it get 503.
 MAX_CONNECTIONS = 32
 # Seconds a kept-alive connection may sit idle between requests: longer than
 # Prometheus' default 60 s scrape interval, so regular scrapes reuse it.
@@ -65,6 +65,11 @@ IDLE_TIMEOUT = 75.0
 REQUEST_TIMEOUT = 5.0
 # Seconds to hand one response to a client that is not reading.
 SEND_TIMEOUT = 10.0
+# Seconds a reply may take to hand over before, at the connection cap, its
+# connection may be closed for a new one: a scrape body is tens of KiB and
+# fits in the socket buffers at once, so a longer send means the client is
+# not reading.
+ANSWER_GRACE = 1.0
 RECV_SIZE = 8192
 # How often the per-group table is pruned when nobody scrapes.
 PRUNE_INTERVAL = 10.0
@@ -188,6 +193,9 @@ class ServerConnection:
         return len(self._h11.trailing_data[0])
 
     def receive_data(self, data: bytes) -> None:
+        """Bytes received from the peer; ``b""`` means it closed (nothing counts after that)."""
+        if self.peer_closed:
+            return
         if not data:
             self.peer_closed = True
         elif self._h11.their_state is h11.IDLE and not self.buffered:
@@ -353,11 +361,19 @@ class MetricsHTTP:
         log.info("metrics client %s: %s (%s)", _peer(stream), detail, fault.value)
 
     def _victim(self) -> _Slot | None:
-        """The slot a new connection may take: idle longest, else waiting longest."""
-        candidates = [s for s in self.slots if s.state is not _State.ANSWERING]
+        """The slot a new connection may take, or None (all busy answering).
+
+        Idle kept-alive connections first (their client reconnects when it
+        needs to), then the one waiting longest for an unfinished request,
+        then the one stuck longest handing over a reply (past ANSWER_GRACE).
+        """
+        now = trio.current_time()
+        rank = {_State.IDLE: 0, _State.WAITING: 1, _State.ANSWERING: 2}
+        candidates = [s for s in self.slots
+                      if s.state is not _State.ANSWERING or now - s.since > ANSWER_GRACE]
         if not candidates:
             return None
-        return min(candidates, key=lambda s: (s.state is not _State.IDLE, s.since))
+        return min(candidates, key=lambda s: (rank[s.state], s.since))
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """A new connection: admit it (evicting if full), serve it, close it."""
@@ -374,29 +390,36 @@ class MetricsHTTP:
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
                     return
-                self.slots.discard(victim)
-                victim.scope.cancel()
-                self.evicted += 1
-                if victim.state is _State.WAITING:
-                    waited = trio.current_time() - victim.since
-                    self._fault(victim.stream, Fault.EVICTED,
-                                f"no complete request after {waited:.1f} s; closed to admit "
-                                f"a new connection ({MAX_CONNECTIONS} in use)")
+                self._evict(victim)
             slot = _Slot(trio.CancelScope(), stream, since=trio.current_time())
             self.slots.add(slot)
             try:
                 with slot.scope:
                     await self.serve_connection(stream, slot)
+            except Exception:
+                # A bug here must not take the listener (and the broker) down.
+                log.exception("metrics connection failed")
             finally:
                 self.slots.discard(slot)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await trio.aclose_forcefully(stream)
 
-    async def serve_connection(self, stream: trio.abc.Stream, slot: _Slot | None = None) -> None:
+    def _evict(self, victim: _Slot) -> None:
+        self.slots.discard(victim)
+        victim.scope.cancel()
+        self.evicted += 1
+        held = trio.current_time() - victim.since
+        why = f"closed to admit a new connection ({MAX_CONNECTIONS} in use)"
+        if victim.state is _State.WAITING:
+            self._fault(victim.stream, Fault.EVICTED,
+                        f"no complete request after {held:.1f} s; {why}")
+        elif victim.state is _State.ANSWERING:
+            self._fault(victim.stream, Fault.SLOW_READER,
+                        f"response not taken in {held:.1f} s; {why}")
+
+    async def serve_connection(self, stream: trio.abc.Stream, slot: _Slot) -> None:
         """One HTTP connection: read requests, answer each, until close or timeout."""
-        if slot is None:
-            slot = _Slot(trio.CancelScope(), stream, since=trio.current_time())
         conn = ServerConnection()
         # The first request must be complete REQUEST_TIMEOUT after the opening.
         request_deadline: float | None = trio.current_time() + REQUEST_TIMEOUT
@@ -447,15 +470,6 @@ class MetricsHTTP:
         if conn.buffered:  # part of a request arrived: say why we close
             with trio.move_on_after(SEND_TIMEOUT):
                 await stream.send_all(conn.fail(408, "request not completed in time"))
-
-
-async def serve_connection(stream: trio.abc.Stream, render_metrics: Callable[[], bytes]) -> None:
-    """Serve one connection outside any listener (no admission, no counting)."""
-    try:
-        await MetricsHTTP(render_metrics).serve_connection(stream)
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            await trio.aclose_forcefully(stream)
 
 
 async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

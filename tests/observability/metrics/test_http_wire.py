@@ -5,6 +5,9 @@ Bytes in, requests or errors out, replies to bytes: no sockets, no trio.
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.observability.http import (
     MAX_HEAD,
     MAX_HEADERS,
@@ -165,3 +168,35 @@ def test_peer_close_mid_request_is_an_error_and_between_requests_is_not():
     conn.receive_data(b"")
     assert conn.next_request() is None and conn.peer_closed
 
+
+
+VALID = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+
+
+def _drive(chunks: list[bytes]) -> None:
+    """Feed chunks, answering every request: nothing but requests and errors comes out."""
+    conn = ServerConnection()
+    for chunk in [*chunks, b""]:
+        conn.receive_data(chunk)
+        while (item := conn.next_request()) is not None:
+            assert isinstance(item, Request | HTTPError)
+            out = conn.send_reply(Reply(200 if isinstance(item, Request) else item.status, b"x"))
+            assert out.startswith(b"HTTP/1.1 ")
+            if conn.closed:
+                return
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=6))
+def test_any_bytes_give_requests_or_errors_never_an_exception(chunks):
+    _drive(chunks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.binary(min_size=1, max_size=4)),
+                min_size=1, max_size=4), st.integers(1, 5))
+def test_mutated_requests_never_raise(edits, copies):
+    data = bytearray(VALID * copies)
+    for pos, new in edits:
+        data[pos:pos + len(new)] = new
+    _drive([bytes(data[i:i + 7]) for i in range(0, len(data), 7)])

@@ -174,8 +174,8 @@ async def test_metrics_host_binds_the_metrics_port_apart():
         assert proc.addr["metrics"][0] == "127.0.0.2"
         assert proc.addr["skan"][0] == "127.0.0.1"
         assert (await get(proc.addr["metrics"], "/healthz")).status == 200
-        with pytest.raises(OSError):
-            await trio.open_tcp_stream("127.0.0.1", proc.addr["metrics"][1])
+        async with SkanClient.connect(*proc.skan) as c:
+            assert c.lname
 
 
 def test_metrics_host_must_be_a_string():
@@ -196,7 +196,7 @@ async def test_metrics_disabled_means_no_listener():
 
 async def _serve_pair(nursery: trio.Nursery) -> trio.testing.MemoryStapledStream:
     client, server = trio.testing.memory_stream_pair()
-    nursery.start_soon(metrics_http.serve_connection, server, lambda: b"m 1\n")
+    nursery.start_soon(metrics_http.MetricsHTTP(lambda: b"m 1\n").handle, server)
     return client
 
 
@@ -233,7 +233,7 @@ async def test_failing_collector_gives_500_not_a_crash(autojump_clock):
 
     client, server = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(metrics_http.serve_connection, server, broken)
+        nursery.start_soon(metrics_http.MetricsHTTP(broken).handle, server)
         await client.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         data = await _read_all(client)
     assert data.startswith(b"HTTP/1.1 500 ")
@@ -260,13 +260,22 @@ async def test_connection_cap_answers_503_when_every_slot_is_answering(autojump_
             nursery.start_soon(server.handle, srv)
             await client.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             clients.append(client)
-        await trio.sleep(1)  # every connection is now blocked sending its answer
+            await trio.sleep(0.001)  # distinct start times: clients[0] is stuck longest
+        await trio.sleep(metrics_http.ANSWER_GRACE / 2)  # all blocked sending their answer
         extra, srv = trio.testing.lockstep_stream_pair()
         nursery.start_soon(server.handle, srv)
         data = await _read_all(extra)
         assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
         assert faults == [("metrics", "too-many-connections")]
-        # The blocked ones time out (SEND_TIMEOUT) and are counted, not crashed.
+        # Past ANSWER_GRACE the one stuck longest gives its slot to a new connection.
+        await trio.sleep(metrics_http.ANSWER_GRACE)
+        newer, srv = trio.testing.lockstep_stream_pair()
+        nursery.start_soon(server.handle, srv)
+        await newer.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await _read_all(newer)).endswith(b"ok\n")
+        assert faults[1:] == [("metrics", "send-timeout")]
+        await _read_all(clients[0])  # ends: the connection was closed
+        # The other blocked ones time out (SEND_TIMEOUT) and are counted, not crashed.
         await trio.sleep(metrics_http.SEND_TIMEOUT + 1)
         assert faults.count(("metrics", "send-timeout")) == metrics_http.MAX_CONNECTIONS
         assert not server.slots
