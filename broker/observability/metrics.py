@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -29,27 +29,15 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import LISTENER_PROTOCOLS, CloseReason, ErrorKind, RefusalReason
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
+from broker.observability.routelog.writer import RoutingLog
+from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
 
-# Label values known in advance, so their series exist at 0 from the first
-# scrape: rate() and increase() then see the first event, and dashboards
-# draw 0 instead of "no data".  Close reasons: the reason given to
-# router.detach / ep.kill by the transport, the queues and the adapters;
-# every one is initialised for every protocol.
-CLOSE_REASONS = (
-    "eof", "reset", "closed", "shutdown", "protocol-error", "slow-consumer", "ping-timeout",
-    "conversation-timeout", "init-refused", "unauthorised", "bridge-stopped",
-)
-# Protocol-error reasons per protocol (router.counters.protocol_error calls).
-ERROR_REASONS: dict[str, tuple[str, ...]] = {
-    "skan": ("bad-frame", "malformed", "rejected"),
-    "hsp": ("malformed", "rejected", "too-large", "not-authorised", "unknown-type",
-            "protocol-violation"),
-    "eventer": ("bad-message", "init-refused"),
-    "mariner": ("bad-message", "not-authorised"),
-    "bridge-mariner": ("unroutable-event",),
-}
+if TYPE_CHECKING:
+    from broker.runtime.context import BrokerContext
 
 # Groups whose counts are kept between scrapes.  Group names are chosen by
 # clients, so the table is pruned back to the allow-list plus the busiest
@@ -98,7 +86,7 @@ def prune_group_stats(
 class BrokerCollector(Collector):
     """Reads a broker's counters when Prometheus scrapes."""
 
-    def __init__(self, ctx: Any, protocols: Iterable[str] = ("skan",),
+    def __init__(self, ctx: BrokerContext, protocols: Iterable[str] = ("skan",),
                  errors: Mapping[str, Iterable[str]] | None = None) -> None:
         self.ctx = ctx
         cfg = ctx.config.metrics
@@ -107,15 +95,17 @@ class BrokerCollector(Collector):
         # Protocols whose series exist (at 0) before their first connection, so
         # the first increase is visible to rate() and dashboards have a line.
         self.protocols = tuple(protocols)
-        # "protocol:reason" keys of skan_connections_closed_total and
-        # skan_protocol_errors_total that exist at 0 from the start: every
-        # close reason of every protocol, the error reasons of each protocol,
-        # plus the ``errors`` of other listeners (the metrics endpoint's own).
-        self.closed_keys = tuple(f"{p}:{r}" for p in self.protocols for r in CLOSE_REASONS)
-        known = {p: ERROR_REASONS.get(p, ()) for p in self.protocols}
-        for proto, reasons in (errors or {}).items():
-            known[proto] = (*known.get(proto, ()), *reasons)
-        self.error_keys = tuple(f"{p}:{r}" for p, reasons in known.items() for r in reasons)
+        # "protocol:reason" keys that exist at 0 from the first scrape, so
+        # rate() sees the first event and dashboards draw 0, not "no data":
+        # every close reason and every error kind (broker.core.reasons) of
+        # every protocol served, every refusal of every listener, plus the
+        # ``errors`` of listeners that are not routing endpoints (the metrics
+        # endpoint's own faults).
+        self.closed_keys = _keys(self.protocols, CloseReason)
+        self.error_keys = _keys(self.protocols, ErrorKind) + tuple(
+            f"{p}:{r}" for p, reasons in (errors or {}).items() for r in reasons)
+        self.refused_keys = _keys([p for p in self.protocols if p in LISTENER_PROTOCOLS],
+                                  RefusalReason)
 
     def collect(self) -> Iterator[Metric]:
         ctx = self.ctx
@@ -144,8 +134,8 @@ class BrokerCollector(Collector):
                      router.group_count)
         yield from self._groups(router)
         yield from self._bridges(ctx.bridges, router)
-        yield from self._routelog(ctx.components.get("routelog"))
-        retention = ctx.components.get("retention")
+        yield from self._routelog(ctx.routelog)
+        retention = ctx.retention
         if retention is not None:
             yield _gauge("skan_retention_messages", "Routed messages held in the retention store.",
                          len(retention))
@@ -187,6 +177,16 @@ class BrokerCollector(Collector):
         # Adapters that only bump the plain total still show up.
         errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
+        refused = CounterMetricFamily("skan_connections_refused",
+                                      "Connections refused at accept because max_connections "
+                                      "(broker-wide or the listener's) was reached.",
+                                      labels=["protocol", "reason"])
+        for key, n in sorted({**dict.fromkeys(self.refused_keys, 0), **c.refused}.items()):
+            refused.add_metric(list(_split(key)), n)
+        yield refused
+        yield _counter("skan_accept_errors",
+                       "accept() calls that failed for lack of descriptors or memory "
+                       "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters
@@ -225,13 +225,12 @@ class BrokerCollector(Collector):
         largest = dict.fromkeys(self.protocols, 0)
         # One pass over every endpoint: keep it cheap (10,000 connections ~ 5 ms).
         for ep in list(router.endpoints.values()):
-            try:
+            if isinstance(ep, QueuedEndpoint):
                 size = ep.queue.size
-            except AttributeError:
-                pending = getattr(ep, "pending", None)  # bridge buffers hold Routed
-                if pending is None:
-                    continue
-                size = sum(len(r.frame) for r in pending)
+            elif isinstance(ep, BufferedBridgeEndpoint):  # bridge buffers hold Routed
+                size = sum(len(r.frame) for r in ep.pending)
+            else:
+                continue
             proto = ep.protocol
             total[proto] = total.get(proto, 0) + size
             if size > largest.get(proto, 0):
@@ -278,7 +277,7 @@ class BrokerCollector(Collector):
                      f"Groups with counts kept for per-group series (bounded by "
                      f"{GROUP_TRACK_LIMIT}).", len(stats))
 
-    def _bridges(self, bridges: list[Any], router: Router) -> Iterator[Metric]:
+    def _bridges(self, bridges: list[BridgeStatus], router: Router) -> Iterator[Metric]:
         if not bridges:
             return
         labels = ["bridge", "protocol"]
@@ -304,47 +303,50 @@ class BrokerCollector(Collector):
                                      labels=labels)
         pending: dict[int, int] = {}
         for ep in list(router.endpoints.values()):
-            status = getattr(ep, "status", None)
-            queue = getattr(ep, "pending", None)
-            if status is not None and queue is not None:
-                pending[id(status)] = len(queue)
+            if isinstance(ep, BufferedBridgeEndpoint):
+                pending[id(ep.status)] = len(ep.pending)
         for status in bridges:
             ids = [status.name, status.protocol]
             up.add_metric([*ids, status.address], 1 if status.up else 0)
             for attr, family in families.items():
-                family.add_metric(ids, getattr(status, attr, 0))
+                family.add_metric(ids, getattr(status, attr))
             buffered.add_metric(ids, pending.get(id(status), 0))
         yield up
         yield from families.values()
         yield buffered
 
-    def _routelog(self, log: Any) -> Iterator[Metric]:
+    def _routelog(self, log: RoutingLog | None) -> Iterator[Metric]:
         if log is None:
             return
         yield _counter("skan_routelog_records", "Routing-log records written.",
-                       getattr(log, "records", 0))
+                       log.records)
         yield _counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).",
-                       getattr(log, "files", 0))
+                       log.files)
         yield _gauge("skan_routelog_queued_records",
-                     "Routing-log records waiting for the writer.", getattr(log, "queued", 0))
+                     "Routing-log records waiting for the writer.", log.queued)
         yield _gauge("skan_routelog_lag_seconds",
                      "Age of the oldest routing-log record not yet written.",
-                     getattr(log, "lag_seconds", 0.0))
+                     log.lag_seconds)
         yield _counter("skan_routelog_backpressure_waits",
                        "Times routing waited for the routing-log writer (disk slower than "
-                       "traffic).", getattr(log, "backpressure_waits", 0))
+                       "traffic).", log.backpressure_waits)
         yield _counter("skan_routelog_backpressure_closes",
                        "Times the routing log closed its admission gate (backlog over "
-                       "[log] queue_records).", getattr(log, "backpressure_closes", 0))
+                       "[log] queue_records).", log.backpressure_closes)
         yield _counter("skan_routelog_errors",
                        "Routing-log disk operations that failed and were retried.",
-                       getattr(log, "errors", 0))
+                       log.errors)
         yield _counter("skan_routelog_lost_records",
                        "Routing-log records given up at stop because the disk kept failing.",
-                       getattr(log, "lost", 0))
+                       log.lost)
         yield _gauge("skan_routelog_writer_failed",
                      "1 once the routing-log writer has stopped on an unexpected error.",
-                     0 if getattr(log, "failure", None) is None else 1)
+                     0 if log.failure is None else 1)
+
+
+def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:
+    """ "protocol:reason" for every pair."""
+    return tuple(f"{p}:{r}" for p in protocols for r in reasons)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -355,7 +357,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def build_registry(ctx: Any, protocols: Iterable[str] = ("skan",),
+def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",),
                    errors: Mapping[str, Iterable[str]] | None = None) -> CollectorRegistry:
     """A private registry: the broker's collector plus process, platform and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
