@@ -189,6 +189,13 @@ def build() -> db.Dashboard:
               [(f"sum({sel('skan_subscriptions')})", "subscriptions"),
                (f"sum({sel('skan_groups')})", "groups"),
                (f"sum({sel('skan_retention_messages')})", "retained messages")]),
+        graph(40, "Connections refused / s",
+              [(f"sum by (protocol, reason) ({rate('skan_connections_refused_total')})",
+                "refused {{protocol}} {{reason}}"),
+               (f"sum({rate('skan_accept_errors_total')})", "accept errors")],
+              width=24,
+              description="Refused at accept: max_connections reached (broker-wide or the "
+                          "listener's); accept errors: out of descriptors or memory."),
 
         row(21, "Errors, drops and slow consumers"),
         graph(22, "Protocol errors / s",
