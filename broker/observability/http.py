@@ -37,7 +37,12 @@ from broker.core.reasons import LISTENER_PROTOCOLS
 from broker.observability.latency import RouteLatency
 from broker.observability.metrics import build_registry, prune_group_stats
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import listener_address, open_listeners
+from broker.runtime.transport import (
+    AcceptErrorLog,
+    accept_loop,
+    listener_address,
+    open_listeners,
+)
 
 log = logging.getLogger(__name__)
 
@@ -493,9 +498,16 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     listeners = await open_listeners(host, cfg.metrics.port, cfg.metrics.tls_cert,
                                      cfg.metrics.tls_key)
     server = MetricsHTTP(render, router.counters.protocol_error)
+    # The broker's own accept loop: out of descriptors, it pauses and logs
+    # once per interval (trio.serve_listeners would log a traceback each time).
+    errors = AcceptErrorLog(PROTOCOL)
+
+    def accept_failed() -> None:
+        router.counters.accept_errors += 1
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, server.handle, listeners)
+        for lst in listeners:
+            nursery.start_soon(accept_loop, lst, server.handle, nursery, errors, accept_failed)
         task_status.started([("metrics", *listener_address(lst)) for lst in listeners])
         while True:
             await trio.sleep(PRUNE_INTERVAL)
