@@ -53,10 +53,28 @@ def latency_quantile(q: str) -> str:
     return f"histogram_quantile({q}, sum by (le) ({rate('skan_routing_latency_seconds_bucket')}))"
 
 
+def or_else(expr: str, value: int, **labels: str) -> str:
+    """``expr``, or else (when it has no series at all) one series at ``value``
+    carrying ``labels``, so the panel draws a line instead of saying "no data"."""
+    fallback = f"vector({value})"
+    for name, text in labels.items():
+        fallback = f'label_replace({fallback}, "{name}", "{text}", "", "")'
+    return f"{expr} or on() {fallback}"
+
+
 def or_no_bridge(expr: str, value: int = 0) -> str:
-    """``expr``, or one series ``bridge="none"`` at ``value`` when no bridge exists,
-    so bridge panels show a value instead of "no data" on a broker without bridges."""
-    return f'{expr} or on() label_replace(vector({value}), "bridge", "none", "", "")'
+    """Bridge panels on a broker without bridges: one series ``bridge="none"``."""
+    return or_else(expr, value, bridge="none")
+
+
+def nonzero_by_reason(expr: str) -> str:
+    """Per-(protocol, reason) rates without the zero ones.
+
+    Every known reason is exported from start-up (so rate() sees the first
+    event), which makes dozens of series that are almost always 0: draw only
+    those that are not, and one "all none" line at 0 while none is.
+    """
+    return or_else(f"({expr}) > 0", 0, protocol="all", reason="none")
 
 
 def query(ref: str, expr: str, legend: str) -> prometheus.Dataquery:
@@ -183,14 +201,16 @@ def build() -> db.Dashboard:
         graph(19, "Connections accepted and closed / s",
               [(f"sum by (protocol) ({rate('skan_connections_accepted_total')})",
                 "accepted {{protocol}}"),
-               (f"sum by (protocol, reason) ({rate('skan_connections_closed_total')})",
+               (nonzero_by_reason(
+                   f"sum by (protocol, reason) ({rate('skan_connections_closed_total')})"),
                 "closed {{protocol}} {{reason}}")]),
         graph(20, "Subscriptions and groups",
               [(f"sum({sel('skan_subscriptions')})", "subscriptions"),
                (f"sum({sel('skan_groups')})", "groups"),
                (f"sum({sel('skan_retention_messages')})", "retained messages")]),
         graph(40, "Connections refused / s",
-              [(f"sum by (protocol, reason) ({rate('skan_connections_refused_total')})",
+              [(nonzero_by_reason(
+                  f"sum by (protocol, reason) ({rate('skan_connections_refused_total')})"),
                 "refused {{protocol}} {{reason}}"),
                (f"sum({rate('skan_accept_errors_total')})", "accept errors")],
               width=24,
@@ -199,7 +219,8 @@ def build() -> db.Dashboard:
 
         row(21, "Errors, drops and slow consumers"),
         graph(22, "Protocol errors / s",
-              [(f"sum by (protocol, reason) ({rate('skan_protocol_errors_total')})",
+              [(nonzero_by_reason(
+                  f"sum by (protocol, reason) ({rate('skan_protocol_errors_total')})"),
                 "{{protocol}} {{reason}}")],
               description="Malformed or refused input, by protocol and reason (protocol "
                           "\"metrics\": faults of HTTP clients of the metrics port)."),

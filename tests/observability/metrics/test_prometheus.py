@@ -391,3 +391,17 @@ def test_error_and_close_rates_are_zero_not_absent_on_a_quiet_broker(setup):
     reasons = {(r["metric"]["protocol"], r["metric"]["reason"])
                for r in setup.prom.query(f"skan_protocol_errors_total{{{c}}}")}
     assert {("skan", "malformed"), ("metrics", "request-timeout")} <= reasons
+
+
+def test_reason_panels_draw_only_reasons_that_happened(setup):
+    """Dozens of reasons exist at 0; the panels draw the non-zero ones, or one
+    "all none" line at 0 when there are none."""
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"]
+                 if p["title"] == "Protocol errors / s")
+    expr = panel["targets"][0]["expr"]
+    seen_a = {(r["metric"]["protocol"], r["metric"]["reason"])
+              for r in setup.prom.query(expand(expr, setup.inst(setup.a)))}
+    assert seen_a == {("skan", "rejected"), ("skan", "malformed")}
+    quiet = setup.prom.query(expand(expr, setup.inst(setup.c)))
+    assert [(r["metric"], float(r["value"][1])) for r in quiet] == [
+        ({"protocol": "all", "reason": "none"}, 0.0)]
