@@ -14,6 +14,7 @@ routing is one dict lookup plus one ``deliver`` per recipient.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -159,8 +160,18 @@ def _patterns_take(
     return False
 
 
+# Random bits in every lname (BROKER-SPEC section 7): 64 bits make guessing
+# another connection's lname (to forge a reply to it) hopeless.
+LNAME_RANDOM_BYTES = 8
+
+
 class _LnameFactory:
-    """lnames in the historical msgq format ``%x_%x@%s``: hex time, hex counter, host."""
+    """lnames in the msgq format ``%x_%x@%s``: hex time, then the hex counter
+    followed by 16 hex digits from :mod:`secrets`, then the host.
+
+    The counter alone makes every lname unique for the broker's lifetime; the
+    random suffix makes it unguessable.
+    """
 
     def __init__(self, host: str | None = None) -> None:
         self._host = host or socket.gethostname() or "localhost"
@@ -168,7 +179,8 @@ class _LnameFactory:
 
     def __call__(self) -> bytes:
         self._counter += 1
-        return f"{int(time.time()):x}_{self._counter:x}@{self._host}".encode()
+        rand = secrets.token_hex(LNAME_RANDOM_BYTES)
+        return f"{int(time.time()):x}_{self._counter:x}{rand}@{self._host}".encode()
 
 
 class Router:
