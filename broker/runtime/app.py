@@ -12,8 +12,9 @@ import trio
 
 from broker.core.retention import RetentionStore
 from broker.core.router import Router
-from broker.runtime.config import Config
+from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
+from broker.runtime.reload import reload_config
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,15 @@ async def run(
     ready: Callable[[list[str]], None] = _print_ready,
     stop: trio.Event | None = None,
     ctx_out: list[BrokerContext] | None = None,
+    reload: Callable[[], Config] | None = None,
 ) -> None:
-    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router())
+    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return.
+
+    SIGHUP calls ``reload`` for a fresh configuration and applies it (see
+    :mod:`broker.runtime.reload`).
+    """
+    ctx = BrokerContext(config=config, router=Router(), reload=reload)
+    ctx.router.auth = build_authenticator(config)
     retention = RetentionStore(config.retention.size)
     retention.attach(ctx.router)
     ctx.components["retention"] = retention
@@ -56,10 +63,13 @@ async def run(
             # move it out of the collector's way so full collections stay short.
             gc.collect()
             gc.freeze()
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
 
                 async def wait_signal() -> None:
                     async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            reload_config(ctx)
+                            continue
                         log.info("received %s, stopping", signal.Signals(signum).name)
                         stop.set()
                         return

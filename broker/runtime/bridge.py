@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from broker.core.router import Endpoint, Routed
+from broker.core.router import Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
+from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,39 @@ class BridgeStatus:
     sent: int = 0
     received: int = 0
     last_error: str = ""
+    # Set once a refusal by the bridge's user's permissions has been logged.
+    denied_logged: bool = False
+
+
+def bridge_attach(router: Router, ep: Endpoint, cfg: BridgeSection, status: BridgeStatus,
+                  subscribe: tuple[bytes, bytes, int] | None = None) -> None:
+    """Attach a bridge endpoint as its configured ``user`` (section 7) and make
+    its subscription, if any (refused outside that user's permissions: logged)."""
+    router.attach(ep)
+    router.login_bridge(ep, cfg.user)
+    if subscribe is not None:
+        try:
+            router.subscribe(ep, *subscribe)
+        except NotPermitted as exc:
+            bridge_denied(status, exc)
+
+
+def bridge_route(router: Router, ep: Endpoint, frame: bytes, status: BridgeStatus) -> bool:
+    """Route a message the bridge injects; False when its user may not send it
+    (counted in skan_permission_denied_total, logged once per bridge)."""
+    try:
+        router.route(ep, frame, decode_header(frame, 4))
+    except NotPermitted as exc:
+        bridge_denied(status, exc)
+        return False
+    return True
+
+
+def bridge_denied(status: BridgeStatus, exc: NotPermitted) -> None:
+    status.last_error = exc.reason
+    if not status.denied_logged:
+        status.denied_logged = True
+        log.warning("bridge %s: %s (further refusals are only counted)", status.name, exc.reason)
 
 
 class BufferedBridgeEndpoint(Endpoint):

@@ -29,6 +29,23 @@ class BrokerContext:
     bridges: list[Any] = attrs.Factory(list)
     # Optional components other services look up by name (retention store, log writer, ...).
     components: dict[str, Any] = attrs.Factory(dict)
+    # TLS listeners per listener section, whose contexts a reload replaces.
+    tls_listeners: dict[str, list[Any]] = attrs.Factory(dict)
+    # Re-reads the configuration (file plus flags) on SIGHUP; None: no reload.
+    reload: Callable[[], Config] | None = None
+
+    async def open_listeners(self, name: str) -> list[trio.abc.Listener]:
+        """Open the listeners of config section ``name`` (port, TLS, client
+        certificates) and remember its TLS listeners for a reload."""
+        from broker.runtime.transport import TLSListener, open_listeners
+
+        section = getattr(self.config, name)
+        listeners = await open_listeners(
+            self.config.broker.host, section.port, section.tls_cert, section.tls_key,
+            tls_ca=section.tls_ca, client_auth=section.tls_client_auth,
+        )
+        self.tls_listeners[name] = [lst for lst in listeners if isinstance(lst, TLSListener)]
+        return listeners
 
     async def serve(self, listeners: list[trio.abc.Listener], handle) -> None:
         """Accept on ``listeners``; each connection runs in the shared connection nursery."""

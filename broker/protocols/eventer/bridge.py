@@ -43,12 +43,17 @@ from broker.protocols.eventer.mapping import (
     ts_from_wire,
     ts_to_wire,
 )
-from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint, run_bridge
+from broker.runtime.bridge import (
+    BridgeStatus,
+    BufferedBridgeEndpoint,
+    bridge_attach,
+    bridge_route,
+    run_bridge,
+)
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from clients.eventer import EventerClient
 from wire import eventer as w
-from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +110,8 @@ class EventerBridge:
         self._answer = trio.Event()
 
     def attach(self) -> None:
-        self.router.attach(self.ep)
-        self.router.subscribe(self.ep, self.cfg.group.encode(), self.cfg.instance.encode(),
-                              NORMAL)
+        bridge_attach(self.router, self.ep, self.cfg, self.status,
+                      (self.cfg.group.encode(), self.cfg.instance.encode(), NORMAL))
 
     def detach(self) -> None:
         self.router.detach(self.ep, "bridge-stopped")
@@ -128,8 +132,8 @@ class EventerBridge:
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            self.router.route(self.ep, frame, decode_header(frame, 4))
-            self.status.received += 1
+            if bridge_route(self.router, self.ep, frame, self.status):
+                self.status.received += 1
         self.router.end_batch()
 
     async def _notifications(self, client: EventerClient) -> None:

@@ -21,11 +21,11 @@ import trio
 from broker.core import events
 from broker.core.queue import DROP, QueuedEndpoint
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import Routed, Router
+from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import idle_pinger, listener_address, run_connection
 from wire import eventer as w
 from wire.chatter import ChatterError
 from wire.skan import decode_header
@@ -196,27 +196,33 @@ class EventerConnection(QueuedEndpoint):
     def _init(self, req: w.InitRequest) -> None:
         r = req.request
         self.client_name = r.client_name
-        token = self.service.token
-        reason = None
-        if token is not None and r.client_token != token:
-            reason = "client token does not match the server's"
+        # Section 7: clientToken (or a client certificate) identifies the user.
+        reason = self.router.login(self, r.client_token)
         if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
             reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
                                 f"(at most {MAX_SUBSCRIPTIONS} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
-            self.router.counters.protocol_error("eventer", "init-refused")
-            log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
-                     reason)
-            self.proto.refuse(req.conv, reason)
-            self.closing = "init-refused"
+            self._refuse(req, reason, "init-refused")
             return
         if r.server_id is None or r.server_id == self.service.server_id:
             for pattern in r.subscriptions:
-                self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                try:
+                    self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                except NotPermitted as exc:
+                    # A pattern reaching outside 'subscribe' refuses the init.
+                    self._refuse(req, exc.reason, "not-authorised")
+                    return
         self.proto.accept(req.conv, self.service.status)
         self.service.connections.add(self)
+
+    def _refuse(self, req: w.InitRequest, reason: str, label: str) -> None:
+        self.router.counters.protocol_error("eventer", label)
+        log.info("eventer %s (%s): init refused: %s", self.lname.decode(), self.client_name,
+                 reason)
+        self.proto.refuse(req.conv, reason)
+        self.closing = "init-refused"
 
     def _register(self, req: w.RegisterRequest) -> None:
         frames = []
@@ -233,13 +239,21 @@ class EventerConnection(QueuedEndpoint):
                     ))
             except events.MappingError as exc:
                 failure = str(exc)
+        headers = [decode_header(f, 4) for f in frames]
+        if failure is None:
+            try:
+                # All or nothing: every event's group is checked before any is routed.
+                for header in headers:
+                    self.router.check_publish(self, header[b"group"])
+            except NotPermitted as exc:
+                failure = exc.reason
         if failure is not None:
             log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
                      self.client_name, failure)
             if req.conv is not None:
                 self.proto.register_result(req.conv, None)
             return
-        routed = [self.router.route(self, f, decode_header(f, 4)) for f in frames]
+        routed = [self.router.route(self, f, h) for f, h in zip(frames, headers, strict=True)]
         if req.conv is not None:
             encode = self.service.encode
             self.proto.register_result(req.conv, [encode(r) for r in routed])
@@ -293,8 +307,7 @@ async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     service = EventerService(ctx)
     ctx.components["eventer"] = service
     ctx.on_stopping.append(service.stopping)
-    listeners = await open_listeners(cfg.broker.host, section.port, section.tls_cert,
-                                     section.tls_key)
+    listeners = await ctx.open_listeners("eventer")
 
     async def handle(stream: trio.abc.Stream) -> None:
         ep = EventerConnection(service, ctx.router, cfg.broker.queue_limit,

@@ -38,6 +38,8 @@ from broker.protocols.hsp.listener import TOO_LARGE
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
+    bridge_attach,
+    bridge_route,
     open_bridge_stream,
     run_bridge,
 )
@@ -58,7 +60,7 @@ from wire.hsp import (
     Pong,
     frame_payload,
 )
-from wire.skan import decode_header, encode_frame
+from wire.skan import encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,8 @@ class HSPBridge:
         self._seq = 0
 
     def attach(self) -> None:
-        self.router.attach(self.ep)
-        self.router.subscribe(self.ep, self.group, self.instance, NORMAL)
+        bridge_attach(self.router, self.ep, self.cfg, self.status,
+                      (self.group, self.instance, NORMAL))
 
     def detach(self) -> None:
         self.router.detach(self.ep, "bridge-stopped")
@@ -143,8 +145,8 @@ class HSPBridge:
             HSP_TYPE_TAG: str(hsp_type),
             "msg": payload,
         })
-        self.router.route(self.ep, frame, decode_header(frame, 4))
-        self.status.received += 1
+        if bridge_route(self.router, self.ep, frame, self.status):
+            self.status.received += 1
 
     # ---- one connection -------------------------------------------------------
 

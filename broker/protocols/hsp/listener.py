@@ -36,7 +36,7 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.router import Routed, Router
 from broker.core.session import Rejected, SkanSession
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import idle_pinger, listener_address, run_connection
 from wire.hsp import (
     DATA_ACK,
     Ack,
@@ -146,7 +146,8 @@ class HSPClientConnection(QueuedEndpoint):
                         self._data_error("not-authorised", rejected)
                         self.closing = "protocol-error"
                         return
-                    self._data_error("rejected", rejected)
+                    self._data_error("not-authorised" if rejected.denied else "rejected",
+                                     rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
                     return
@@ -189,15 +190,13 @@ class HSPClientConnection(QueuedEndpoint):
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
             self.closing = "protocol-error"
             return False
-        self._answer_error(mid, REJECTED, rejected.reason)
+        self._answer_error(mid, NOT_AUTHORISED if rejected.denied else REJECTED, rejected.reason)
         return True
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ctx.config
-    listeners = await open_listeners(
-        cfg.broker.host, cfg.hsp.port, cfg.hsp.tls_cert, cfg.hsp.tls_key
-    )
+    listeners = await ctx.open_listeners("hsp")
     async def handle(stream: trio.abc.Stream) -> None:
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.
         ep = HSPClientConnection(

@@ -29,13 +29,18 @@ import logging
 from broker.core.events import MappingError, send_frame_for_event, timestamp_from_parts
 from broker.core.router import Endpoint, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
-from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
+from broker.runtime.bridge import (
+    BridgeStatus,
+    bridge_attach,
+    bridge_route,
+    open_bridge_stream,
+    run_bridge,
+)
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
 from clients.mariner import MarinerClient
 from wire import mariner as mw
-from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +78,7 @@ class MarinerBridge:
         self._seq = 0
 
     def attach(self) -> None:
-        self.router.attach(self.ep)
+        bridge_attach(self.router, self.ep, self.cfg, self.status)
 
     def detach(self) -> None:
         self.router.detach(self.ep, "bridge-stopped")
@@ -110,8 +115,8 @@ class MarinerBridge:
         if len(frame) > self.max_frame:
             self._refuse(event, f"its Skan message of {len(frame)} bytes exceeds max_frame")
             return
-        self.router.route(self.ep, frame, decode_header(frame, 4))
-        self.status.received += 1
+        if bridge_route(self.router, self.ep, frame, self.status):
+            self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str) -> None:
         self.router.counters.protocol_error("bridge-mariner", "unroutable-event")

@@ -29,10 +29,10 @@ import trio
 from broker.core.events import pattern_bytes
 from broker.core.queue import DROP, QueuedEndpoint
 from broker.core.retention import RetentionStore
-from broker.core.router import Routed, Router
+from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import idle_pinger, listener_address, run_connection
 from wire import mariner as mw
 
 log = logging.getLogger(__name__)
@@ -108,18 +108,20 @@ class MarinerEndpoint(QueuedEndpoint):
         self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
         self.closing = "protocol-error"
 
+    def _unauthorised(self, reason: str) -> None:
+        log.warning("mariner %s: client %r refused: %s", self.lname.decode(), self.client_id,
+                    reason)
+        self.router.counters.protocol_error("mariner", "not-authorised")
+        self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
+        self.closing = "unauthorised"
+
     def _init(self, init: mw.Init) -> None:
         self.client_id = init.client_id
-        if self.token is not None and init.client_token != self.token:
-            log.warning(
-                "mariner %s: client %r refused: client_token does not match",
-                self.lname.decode(), init.client_id,
-            )
-            self.router.counters.protocol_error("mariner", "not-authorised")
-            self.enqueue(
-                mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
-            )
-            self.closing = "unauthorised"
+        # Section 7: client_token (or a client certificate) identifies the user;
+        # a refusal closes the connection (after an error message, see above).
+        refused = self.router.login(self, init.client_token)
+        if refused is not None:
+            self._unauthorised(refused)
             return
         if len(init.subscriptions) > MAX_SUBSCRIPTIONS:
             self._fatal(
@@ -128,7 +130,11 @@ class MarinerEndpoint(QueuedEndpoint):
             )
             return
         for pattern in init.subscriptions:
-            self.router.subscribe_pattern(self, pattern_bytes(pattern))
+            try:
+                self.router.subscribe_pattern(self, pattern_bytes(pattern))
+            except NotPermitted as exc:
+                self._unauthorised(exc.reason)
+                return
         last = init.last_event_id
         if last is None or self.retention is None or not init.subscriptions:
             return
@@ -268,9 +274,7 @@ class MarinerEndpoint(QueuedEndpoint):
 async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ctx.config
     section = cfg.mariner
-    listeners = await open_listeners(
-        cfg.broker.host, section.port, section.tls_cert, section.tls_key
-    )
+    listeners = await ctx.open_listeners("mariner")
     encoded = EncodedEvents(cfg.broker.server_id)
     retention = ctx.components.get("retention")
 

@@ -11,7 +11,7 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.router import Routed, Router
 from broker.core.session import SkanSession, error_frame
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import listener_address, open_listeners, run_connection
+from broker.runtime.transport import listener_address, run_connection
 from wire.skan import FrameError, FrameSplitter, SkanError, encode_frame
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ class SkanConnection(QueuedEndpoint):
                 self._fatal("malformed", f"malformed message: {exc}")
                 return
             if rejected is not None:
-                self.router.counters.protocol_error("skan", "rejected")
+                self.router.counters.protocol_error(
+                    "skan", "not-authorised" if rejected.denied else "rejected")
                 self.enqueue(encode_frame(rejected.error_message()))
                 if rejected.close:
                     self.closing = "protocol-error"
@@ -76,9 +77,7 @@ class SkanConnection(QueuedEndpoint):
 
 async def serve_skan(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = ctx.config
-    listeners = await open_listeners(
-        cfg.broker.host, cfg.skan.port, cfg.skan.tls_cert, cfg.skan.tls_key
-    )
+    listeners = await ctx.open_listeners("skan")
 
     async def handle(stream: trio.abc.Stream) -> None:
         ep = SkanConnection(
