@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import ssl
 from typing import Any
 
@@ -15,6 +17,24 @@ async def open_stream(
     if ssl_context is not None:
         return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
     return await trio.open_tcp_stream(host, port)
+
+
+def add_credential_args(p: argparse.ArgumentParser) -> None:
+    """``--token`` (default ``$SKAN_TOKEN``) and a TLS client certificate."""
+    p.add_argument("--token", default=os.environ.get("SKAN_TOKEN"),
+                   help="credential for the broker's [[users]] (default: $SKAN_TOKEN)")
+    p.add_argument("--tls-cert", help="client certificate (PEM) to present; implies --tls")
+    p.add_argument("--tls-key", help="private key of --tls-cert (if not in the same file)")
+
+
+def tls_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client TLS context of ``--tls``/``--tls-ca``/``--tls-cert``/``--tls-key``."""
+    if not (args.tls or args.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls_cert:
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    return ctx
 
 
 class ReceiveIterator:
