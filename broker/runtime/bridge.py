@@ -1,11 +1,13 @@
-"""What every bridge shares: its status, its endpoint buffer, the reconnect loop.
+"""What every bridge shares: status, endpoint buffer, dialler, reconnect loop.
 
 A bridge is a routing endpoint (so routed messages reach it like any
 client) whose deliveries go into a bounded buffer that the bridge's own
 tasks drain towards the remote peer.  The protocol-specific part is one
-``session(status)`` coroutine that connects, runs until the connection
-fails, and returns or raises; :func:`run_bridge` reconnects it with capped
-exponential backoff and keeps the status that metrics export.
+``session(status)`` coroutine that dials with :func:`open_bridge_stream`
+(the one TCP/TLS dialler of every bridge), runs until the connection fails,
+and returns or raises; :func:`run_bridge` keeps the endpoint attached for
+the bridge's lifetime and reconnects the session with capped exponential
+backoff, keeping the status that metrics export.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from broker.core.router import Endpoint, NotPermitted, Routed, Router
+from broker.core.inject import Injected, route_injected
+from broker.core.reasons import CloseReason
+from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
-from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +46,18 @@ class BridgeStatus:
     denied_logged: bool = False
 
 
-def bridge_attach(router: Router, ep: Endpoint, cfg: BridgeSection, status: BridgeStatus,
-                  subscribe: tuple[bytes, bytes, int] | None = None) -> None:
-    """Attach a bridge endpoint as its configured ``user`` (section 7) and make
-    its subscription, if any (refused outside that user's permissions: logged)."""
-    router.attach(ep)
-    router.login_bridge(ep, cfg.user)
-    if subscribe is not None:
-        try:
-            router.subscribe(ep, *subscribe)
-        except NotPermitted as exc:
-            bridge_denied(status, exc)
-
-
-def bridge_route(router: Router, ep: Endpoint, frame: bytes, status: BridgeStatus) -> bool:
-    """Route a message the bridge injects; False when its user may not send it
-    (counted in skan_permission_denied_total, logged once per bridge)."""
+def bridge_route(router: Router, ep: Endpoint, message: Injected, status: BridgeStatus) -> bool:
+    """Route a message the bridge received; False when the bridge's ``user``
+    may not send it (counted in skan_permission_denied_total, logged once)."""
     try:
-        router.route(ep, frame, decode_header(frame, 4))
+        route_injected(router, ep, message)
     except NotPermitted as exc:
-        bridge_denied(status, exc)
+        _denied(status, exc)
         return False
     return True
 
 
-def bridge_denied(status: BridgeStatus, exc: NotPermitted) -> None:
+def _denied(status: BridgeStatus, exc: NotPermitted) -> None:
     status.last_error = exc.reason
     if not status.denied_logged:
         status.denied_logged = True
@@ -141,11 +131,40 @@ def bridge_name(index: int, cfg: BridgeSection) -> str:
 
 
 async def run_bridge(
+    router: Router,
+    ep: Endpoint,
+    status: BridgeStatus,
+    cfg: BridgeSection,
+    session: Callable[[BridgeStatus], Awaitable[None]],
+    *,
+    subscribe: bool = True,
+) -> None:
+    """Attach ``ep`` (subscribed to the bridge's group and instance unless
+    ``subscribe`` is false) for as long as the bridge runs, and run
+    ``session`` forever, reconnecting with capped exponential backoff plus jitter.
+
+    The endpoint lives as long as the broker, so messages for the peer are
+    buffered even while it is unreachable.
+    """
+    router.attach(ep)
+    # Section 7: the bridge acts as its configured user (default: full rights).
+    router.login_bridge(ep, cfg.user)
+    if subscribe:
+        try:
+            router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+        except NotPermitted as exc:
+            _denied(status, exc)
+    try:
+        await _reconnect_forever(status, cfg, session)
+    finally:
+        router.detach(ep, CloseReason.BRIDGE_STOPPED)
+
+
+async def _reconnect_forever(
     status: BridgeStatus,
     cfg: BridgeSection,
     session: Callable[[BridgeStatus], Awaitable[None]],
 ) -> None:
-    """Run ``session`` forever, reconnecting with capped exponential backoff plus jitter."""
     delay = cfg.backoff_initial
     while True:
         try:

@@ -1,16 +1,23 @@
-"""What every service of a running broker shares."""
+"""What every service of a running broker shares: one typed context object."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from broker.core.router import Router
 from broker.runtime.config import Config
-from broker.runtime.transport import Connections
+from broker.runtime.transport import ConnectionLimits, Connections, TLSListener
+
+if TYPE_CHECKING:
+    from broker.core.retention import RetentionStore
+    from broker.observability.routelog.writer import RoutingLog
+    from broker.protocols.eventer.listener import EventerService
+    from broker.protocols.eventer.query import LatestTable
+    from broker.runtime.bridge import BridgeStatus
 
 
 @attrs.define(eq=False)
@@ -18,6 +25,14 @@ class BrokerContext:
     config: Config
     router: Router
     connections: Connections = attrs.Factory(Connections)
+    # Live client connections against [broker] max_connections and each
+    # listener's own (see broker.runtime.transport.serve_protocol).
+    limits: ConnectionLimits = attrs.Factory(
+        lambda self: ConnectionLimits(self.config.broker.max_connections), takes_self=True
+    )
+    # Names of the services this broker runs (see broker.runtime.services),
+    # known before any starts, so e.g. metrics know which listeners exist.
+    services: tuple[str, ...] = ()
     # Connection handlers of every listener run here, outside the accept
     # loops, so a graceful stop can close the listeners first and then drain.
     conn_nursery: trio.Nursery | None = None
@@ -26,32 +41,13 @@ class BrokerContext:
     # Async hooks run after connections have drained (e.g. flush the routing log).
     on_stopped: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     # Bridge status objects, one per [[bridges]] entry (metrics export them).
-    bridges: list[Any] = attrs.Factory(list)
-    # Optional components other services look up by name (retention store, log writer, ...).
-    components: dict[str, Any] = attrs.Factory(dict)
-    # TLS listeners per listener section, whose contexts a reload replaces.
-    tls_listeners: dict[str, list[Any]] = attrs.Factory(dict)
+    bridges: list[BridgeStatus] = attrs.Factory(list)
+    # Optional components, set by the service that owns them (None when off).
+    retention: RetentionStore | None = None
+    routelog: RoutingLog | None = None
+    eventer: EventerService | None = None
+    latest: LatestTable | None = None
+    # TLS listeners per listener protocol, whose contexts a reload replaces.
+    tls_listeners: dict[str, list[TLSListener]] = attrs.Factory(dict)
     # Re-reads the configuration (file plus flags) on SIGHUP; None: no reload.
     reload: Callable[[], Config] | None = None
-
-    async def open_listeners(self, name: str) -> list[trio.abc.Listener]:
-        """Open the listeners of config section ``name`` (port, TLS, client
-        certificates) and remember its TLS listeners for a reload."""
-        from broker.runtime.transport import TLSListener, open_listeners
-
-        section = getattr(self.config, name)
-        listeners = await open_listeners(
-            self.config.broker.host, section.port, section.tls_cert, section.tls_key,
-            tls_ca=section.tls_ca, client_auth=section.tls_client_auth,
-        )
-        self.tls_listeners[name] = [lst for lst in listeners if isinstance(lst, TLSListener)]
-        return listeners
-
-    async def serve(self, listeners: list[trio.abc.Listener], handle) -> None:
-        """Accept on ``listeners``; each connection runs in the shared connection nursery."""
-        from broker.runtime.transport import make_handler
-
-        assert self.conn_nursery is not None
-        await trio.serve_listeners(
-            make_handler(handle), listeners, handler_nursery=self.conn_nursery
-        )

@@ -20,6 +20,7 @@ from broker.runtime.config import (
     check_exposure,
 )
 from broker.runtime.context import BrokerContext
+from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.transport import server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ def reload_config(ctx: BrokerContext) -> bool:
     except (OSError, ValueError) as exc:  # unreadable certificate, key or CA
         log.error("reload refused, the running configuration stays: TLS: %s", exc)
         return False
+    new = apply_descriptor_limit(new)
+    ctx.limits.broker_max = new.broker.max_connections
     old = ctx.config
     for key in _restart_needed(old, new):
         log.warning("reload: %s changed; that takes effect only after a restart", key)
