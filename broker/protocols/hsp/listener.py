@@ -210,7 +210,6 @@ class HSPEndpoint(QueuedEndpoint):
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-
     def new_endpoint() -> HSPEndpoint:
         b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.

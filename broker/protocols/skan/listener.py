@@ -85,7 +85,6 @@ class SkanEndpoint(QueuedEndpoint):
 
 
 async def serve_skan(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-
     def new_endpoint() -> SkanEndpoint:
         b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         return SkanEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
