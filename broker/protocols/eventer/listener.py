@@ -195,7 +195,11 @@ class EventerEndpoint(QueuedEndpoint):
         self.opened = True
         self.client_name = r.client_name
         # Section 7: clientToken (or a client certificate) identifies the user.
-        reason = self.router.login(self, r.client_token)
+        refused = self.router.login(self, r.client_token)
+        if refused is not None:
+            self._refuse(req, refused, ErrorKind.NOT_AUTHORISED)
+            return
+        reason = None
         if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
             reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
                                 f"(at most {MAX_SUBSCRIPTIONS} per connection)")
