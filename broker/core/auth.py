@@ -101,7 +101,7 @@ class GroupPatterns:
 class Permissions:
     """What one user's connections may do.  Verdicts are cached per group."""
 
-    __slots__ = ("_pub_cache", "_sub_cache", "promisc", "publish", "subscribe", "user")
+    __slots__ = ("_sub_cache", "promisc", "publish", "publish_verdicts", "subscribe", "user")
 
     def __init__(self, user: str | None, publish: Iterable[str], subscribe: Iterable[str],
                  promisc: bool = False) -> None:
@@ -109,15 +109,16 @@ class Permissions:
         self.publish = GroupPatterns(publish)
         self.subscribe = GroupPatterns(subscribe)
         self.promisc = promisc
-        self._pub_cache: dict[bytes, bool] = {}
+        # group -> may publish; read directly by the router's hot path.
+        self.publish_verdicts: dict[bytes, bool] = {}
         self._sub_cache: dict[bytes, bool] = {}
 
     def may_publish(self, group: bytes) -> bool:
-        verdict = self._pub_cache.get(group)
+        verdict = self.publish_verdicts.get(group)
         if verdict is None:
-            if len(self._pub_cache) >= PERMISSION_CACHE_LIMIT:
-                self._pub_cache.clear()
-            verdict = self._pub_cache[group] = self.publish(group)
+            if len(self.publish_verdicts) >= PERMISSION_CACHE_LIMIT:
+                self.publish_verdicts.clear()
+            verdict = self.publish_verdicts[group] = self.publish(group)
         return verdict
 
     def may_subscribe(self, group: bytes) -> bool:
