@@ -306,6 +306,17 @@ class Router:
         if perms is not None and not perms.may_publish(group):
             raise self._denied(endpoint, PUBLISH, perms.publish_problem(group) or "")
 
+    def may_read(self, endpoint: Endpoint, group: bytes, to: bytes) -> bool:
+        """Could ``endpoint`` receive a message of ``group`` addressed ``to``
+        through a subscription it is permitted?  (Eventer queries over
+        retained messages use it.)  Directed messages to others need promisc."""
+        perms = endpoint.perms
+        if perms is None:
+            return True
+        if not perms.may_subscribe(group):
+            return False
+        return to == STAR or to == endpoint.lname or perms.promisc
+
     def reload_auth(self, auth: Authenticator) -> list[Endpoint]:
         """Switch to a reloaded configuration of users and permissions.
 

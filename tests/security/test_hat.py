@@ -130,3 +130,25 @@ async def test_hat_refusals_are_counted(ubroker):
     assert delta("skan_auth_failures_total", protocol="eventer") == 1
     assert delta("skan_auth_failures_total", protocol="mariner") == 1
     assert delta("skan_permission_denied_total", protocol="eventer", action="subscribe") == 1
+
+
+async def test_eventer_queries_return_only_what_the_user_may_read(ubroker):
+    peer, res = await eventer_client(ubroker, token=DASH_TOKEN)
+    async with (
+        peer,
+        SkanClient.connect(*ubroker.skan, token=OP_TOKEN) as op,
+        SkanClient.connect(*ubroker.skan, token=SENSOR_TOKEN) as sensor,
+    ):
+        assert res == {"status": "operational"}
+        await op.send("commands.sensor", "secret command", instance="q")
+        await op.send("telemetry", "directed to the sensor", instance="q", to=sensor.lname)
+        await op.send("telemetry", "for everyone", instance="q")
+        await op.barrier()
+        for kind in ("timeseries", "latest"):
+            got = await peer.call("query", kind=kind, event_types=[["commands.sensor", "*"],
+                                                                   ["telemetry", "q"]])
+            assert [e["payload"] for e in got["events"]] == [{"json": "for everyone"}], kind
+        got = await peer.call("query", kind="server", server_id=1)
+        assert all(e["type"][0] in ("telemetry", "alarms.fire", "alarms.smoke")
+                   for e in got["events"]), got
+        assert {"json": "for everyone"} in [e["payload"] for e in got["events"]]

@@ -261,7 +261,16 @@ class EventerEndpoint(QueuedEndpoint):
 
     def _query(self, req: w.QueryRequest) -> None:
         svc = self.service
-        answer = run_query(req.params, svc.store, svc.latest, svc.server_id)
+        # Section 7: a query returns only what this client could have subscribed to.
+        visible = None
+        if self.perms is not None:
+            may_read = self.router.may_read
+
+            def visible(entry: Entry) -> bool:
+                header = view(entry).header
+                return may_read(self, header[b"group"], header[b"to"])
+
+        answer = run_query(req.params, svc.store, svc.latest, svc.server_id, visible)
         self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
                                 answer.more_follows)
 
