@@ -113,6 +113,10 @@ async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
         if not cfg.tls:
             return await trio.open_tcp_stream(host, port)
         ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        if cfg.tls_cert is not None:
+            # A client certificate for peers that require one (e.g. another
+            # broker with tls_client_auth = "require").
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
         try:
             # Handshake now: a bad certificate is then a failed connect, so the

@@ -236,6 +236,9 @@ class BridgeSection:
     backoff_max: float = attrs.field(default=30.0, validator=_positive)
     tls: bool = False
     tls_ca: str | None = None
+    # Client certificate (and key) presented to the peer over TLS.
+    tls_cert: str | None = None
+    tls_key: str | None = None
     # The [[users]] entry whose permissions this bridge has (None: full rights).
     user: str | None = None
 
@@ -335,6 +338,10 @@ def _check_bridge(key: str, bridge: BridgeSection) -> None:
         raise ConfigError(f"{key}.address", "must be 'host:port'")
     if bridge.protocol != "hsp" and any(not s for s in bridge.subscriptions):
         raise ConfigError(f"{key}.subscriptions", "an event-type pattern must not be empty")
+    if bridge.tls_key is not None and bridge.tls_cert is None:
+        raise ConfigError(f"{key}.tls_key", "needs tls_cert (the client certificate)")
+    if bridge.tls_cert is not None and not bridge.tls:
+        raise ConfigError(f"{key}.tls_cert", "a client certificate needs tls = true")
 
 
 def from_mapping(data: Mapping[str, Any]) -> Config:

@@ -24,6 +24,8 @@ def ubroker():
     with BrokerProcess(USERS) as b:
         yield b
     assert b.proc is not None and b.proc.returncode == 0, "".join(b.stderr_lines[-40:])
+    # Every refusal is one log line, never a traceback.
+    assert not any("Traceback" in line for line in b.stderr_lines), "".join(b.stderr_lines)
 
 
 async def eventer_client(broker, **kw) -> tuple[HatPeer, dict]:

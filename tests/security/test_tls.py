@@ -43,6 +43,8 @@ def mtls_broker(pki):
     with BrokerProcess(config) as b:
         yield b
     assert b.proc is not None and b.proc.returncode == 0, "".join(b.stderr_lines[-40:])
+    # Every refusal is one log line, never a traceback.
+    assert not any("Traceback" in line for line in b.stderr_lines), "".join(b.stderr_lines)
 
 
 def client_context(ca: trustme.CA, common_name: str | None = None,
@@ -118,3 +120,39 @@ async def test_eventer_client_certificate(pki, mtls_broker):
         await sensor.send("telemetry", "1", instance="a")
         batch = await ev.receive()
         assert [e.type for e in batch] == [("telemetry", "a")]
+
+
+async def test_bridge_presents_a_client_certificate(pki, mtls_broker, tmp_path):
+    """A second broker bridges to this one's Eventer listener as user 'dashboard',
+    authenticated by its client certificate alone."""
+    ca, d = pki
+    leaf = ca.issue_cert("dashboard.example", common_name="dashboard")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "bridge.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "bridge.key"))
+    host, port = mtls_broker.addr["eventer"]
+    bridge = f"""
+[[bridges]]
+protocol = "eventer"
+address = "{host}:{port}"
+group = "telemetry"
+subscriptions = [["telemetry", "*"]]
+tls = true
+tls_ca = "{d / "ca.pem"}"
+tls_cert = "{tmp_path / "bridge.pem"}"
+tls_key = "{tmp_path / "bridge.key"}"
+backoff_initial = 0.05
+backoff_max = 0.2
+"""
+    with BrokerProcess(bridge) as downstream:
+        async with (
+            SkanClient.connect(*downstream.skan) as local,
+            SkanClient.connect(*mtls_broker.skan, ssl_context=client_context(ca, "sensor")) as s,
+        ):
+            await local.subscribe("telemetry")
+            with trio.fail_after(20):
+                while True:
+                    await s.send("telemetry", "bridged over mTLS", instance="b")
+                    with trio.move_on_after(0.3):
+                        got = await local.receive()
+                        break
+            assert got.msg == b"bridged over mTLS"
