@@ -132,6 +132,10 @@ class Counters:
     # "protocol:reason" -> count; see protocol_error() and drop().
     errors: dict[str, int] = attrs.Factory(dict)
     drops: dict[str, int] = attrs.Factory(dict)
+    # "protocol:reason" -> connections refused at accept (max_connections).
+    refused: dict[str, int] = attrs.Factory(dict)
+    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
+    accept_errors: int = 0
     # Section 7: protocol -> refused credentials; "protocol:action" -> refusals.
     auth_failures: dict[str, int] = attrs.Factory(dict)
     permission_denied: dict[str, int] = attrs.Factory(dict)
@@ -142,10 +146,6 @@ class Counters:
     def denied(self, protocol: str, action: str) -> None:
         key = f"{protocol}:{action}"
         self.permission_denied[key] = self.permission_denied.get(key, 0) + 1
-    # "protocol:reason" -> connections refused at accept (max_connections).
-    refused: dict[str, int] = attrs.Factory(dict)
-    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
-    accept_errors: int = 0
 
     def protocol_error(self, protocol: str, reason: str) -> None:
         """Count one protocol error.  ``reason`` is a short fixed label
@@ -291,8 +291,8 @@ class Router:
         self._set_principal(endpoint, self.auth.bridge_principal(user))
 
     def _set_principal(self, endpoint: Endpoint, principal: Principal) -> None:
-        if endpoint.principal is not None and endpoint.principal.via != "bridge":
-            self.auth.release(endpoint.principal)
+        if endpoint.principal is not None:
+            self.auth.release(endpoint.principal)  # (bridges are never counted)
         endpoint.principal = principal
         endpoint.perms = principal.perms
 
