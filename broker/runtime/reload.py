@@ -1,11 +1,13 @@
 """SIGHUP: re-read the configuration and apply what can change while running (section 7).
 
-Users, permissions, tokens, anonymous access, TLS certificates and CAs, and
-per-user connection limits take effect at once: connections whose credential
-no longer authenticates are closed, subscriptions no longer permitted are
-removed.  A file that does not validate is refused with its key and reason
-in the log, and the running configuration stays.  Host, port and listener
-changes need a restart; the log says so.
+Users, permissions, tokens, anonymous access, TLS certificates and CAs take
+effect at once: connections whose credential no longer authenticates are
+closed, subscriptions no longer permitted are removed.  Limits (per-user and
+per-listener ``max_connections``, ``[broker]`` limits) apply to connections
+accepted from then on.  A file that does not validate is refused with its key
+and reason in the log, and the running configuration stays.  Host, port,
+server id, listener, bridge, log and retention changes need a restart; the
+log says so.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ REVOKED = "revoked"
 
 def _restart_needed(old: Config, new: Config) -> list[str]:
     keys = []
-    if old.broker.host != new.broker.host:
-        keys.append("broker.host")
+    for key in ("host", "server_id"):
+        if getattr(old.broker, key) != getattr(new.broker, key):
+            keys.append(f"broker.{key}")
+    for section in ("log", "retention"):
+        if getattr(old, section) != getattr(new, section):
+            keys.append(f"[{section}]")
     for name in (*AUTH_LISTENERS, "metrics"):
         o, n = getattr(old, name), getattr(new, name)
         if o.port != n.port:
