@@ -55,7 +55,8 @@ ACCEPT_LOG_INTERVAL = 10.0
 REFUSAL_SEND_TIMEOUT = 1.0
 
 
-# Seconds a client has to complete the TLS handshake before it is closed.
+# Seconds a client has to complete the TLS handshake before it is closed,
+# when the listener has no handshake_timeout of its own.
 TLS_HANDSHAKE_TIMEOUT = 10.0
 
 _VERIFY_MODES = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
@@ -126,7 +127,8 @@ def certificate_name(stream: trio.abc.Stream) -> str | None:
     return None
 
 
-async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Router) -> bool:
+async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Router,
+                        timeout: float | None = None) -> bool:
     """Complete a TLS handshake up front (so the certificate is known before
     the first message) and note the verified certificate's name on ``ep``.
 
@@ -136,7 +138,7 @@ async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Rou
     if not isinstance(stream, trio.SSLStream):
         return True
     try:
-        with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+        with trio.fail_after(TLS_HANDSHAKE_TIMEOUT if timeout is None else timeout):
             await stream.do_handshake()
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
         if stream.context.verify_mode == ssl.CERT_REQUIRED:
@@ -350,7 +352,9 @@ async def run_connection(
         ep.closing = reason
 
     try:
-        if not await tls_handshake(stream, ep, router):
+        # TLS first (the client certificate names the user), within the
+        # same handshake deadline as the protocol's opening.
+        if not await tls_handshake(stream, ep, router, handshake_timeout):
             return
         with conn_scope:
             async with trio.open_nursery() as nursery:
