@@ -13,6 +13,7 @@ from broker.runtime.config import Config
 from broker.runtime.transport import ConnectionLimits, Connections, TLSListener
 
 if TYPE_CHECKING:
+    from broker.cluster.service import ClusterLink
     from broker.core.retention import RetentionStore
     from broker.observability.routelog.writer import RoutingLog
     from broker.protocols.eventer.listener import EventerService
@@ -51,3 +52,4 @@ class BrokerContext:
     tls_listeners: dict[str, list[TLSListener]] = attrs.Factory(dict)
     # Re-reads the configuration (file plus flags) on SIGHUP; None: no reload.
     reload: Callable[[], Config] | None = None
+    cluster: ClusterLink | None = None

@@ -36,7 +36,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
     for key in ("host", "server_id"):
         if getattr(old.broker, key) != getattr(new.broker, key):
             keys.append(f"broker.{key}")
-    for section in ("log", "retention"):
+    for section in ("log", "retention", "cluster"):
         if getattr(old, section) != getattr(new, section):
             keys.append(f"[{section}]")
     for name in (*AUTH_LISTENERS, "metrics"):
