@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from broker.core.auth import Authenticator, group_pattern_problem
+from broker.core.auth import Authenticator, group_pattern_problem, hash_token
 from broker.core.queue import MIN_QUEUE_LIMIT
 
 MiB = 1024 * 1024
@@ -435,6 +435,7 @@ def validate(config: Config) -> None:
 
 def _validate_users(config: Config) -> None:
     names: set[str] = set()
+    digests: dict[str, str] = {}
     for i, user in enumerate(config.users):
         key = f"users[{i}]"
         if not user.name:
@@ -446,6 +447,13 @@ def _validate_users(config: Config) -> None:
             raise ConfigError(f"{key}.token", "give token or token_sha256, not both")
         if user.token == "":
             raise ConfigError(f"{key}.token", "must not be empty")
+        digest = (hash_token(user.token) if user.token is not None
+                  else (user.token_sha256 or "").lower() or None)
+        if digest is not None:
+            if digest in digests:
+                # A token must name exactly one user.
+                raise ConfigError(f"{key}.token", f"the same token as user {digests[digest]!r}")
+            digests[digest] = user.name
     anon = config.auth.anonymous_user
     if anon is not None and anon not in names:
         raise ConfigError("auth.anonymous_user", f"{anon!r} is not the name of a [[users]] entry")

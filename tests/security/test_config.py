@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from broker.runtime import config as cfgmod
@@ -13,6 +15,8 @@ USER = {"name": "u", "token": "t"}
     ({"users": [{"name": "u", "token": "t", "token_sha256": "a" * 64}]}, "users[0].token",
      "not both"),
     ({"users": [USER, USER]}, "users[1].name", "defined twice"),
+    ({"users": [USER, {"name": "v", "token_sha256": hashlib.sha256(b"t").hexdigest().upper()}]},
+     "users[1].token", "the same token as user 'u'"),
     ({"users": [{"name": ""}]}, "users[0].name", "must not be empty"),
     ({"users": [{"name": "u", "token": ""}]}, "users[0].token", "must not be empty"),
     ({"users": [{"name": "u", "token_sha256": "xyz"}]}, "users[0].token_sha256", "64 hex"),
