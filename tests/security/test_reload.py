@@ -222,3 +222,20 @@ async def test_reload_adds_a_user_and_tls_certificates(tmp_path):
         async with SkanClient.connect(*b.skan, ssl_context=ctx(new_ca, "newbie")) as n:
             await n.subscribe("telemetry")
             assert not n.errors
+
+
+async def test_withdrawing_anonymous_access_closes_anonymous_connections():
+    open_config = config().replace("allow_anonymous = false", "allow_anonymous = true")
+    with BrokerProcess(open_config) as b:
+        async with (
+            SkanClient.connect(*b.skan) as anon,
+            SkanClient.connect(*b.skan, token="watch") as watcher,
+        ):
+            await anon.subscribe("anything")
+            b.config_path.write_text(config())
+            mark = len(b.stderr_lines)
+            b.proc.send_signal(signal.SIGHUP)
+            line = await wait_log(b, "configuration reloaded", mark)
+            assert "1 connections closed" in line
+            assert await closed(anon)
+            assert (await watcher.stats())["uptime"] is not None
