@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 import trio
 
 from broker.core.events import MappingError, json_to_skan
+from clients.common import env_token
 from clients.hsp import DEFAULT_PORT as HSP_PORT
 from clients.hsp import HSPError, SkanOverHSP
 from clients.skan import (
@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--insecure", action="store_true", help="TLS without certificate checks")
     p.add_argument("--cert", help="client certificate (PEM) to present; implies --tls")
     p.add_argument("--key", help="private key of --cert (if not in the same file)")
-    p.add_argument("--token", default=os.environ.get("SKAN_TOKEN"),
-                   help="credential sent in getlname (default: $SKAN_TOKEN)")
+    p.add_argument("--token", help="credential sent in getlname "
+                   "(default: the SKAN_TOKEN environment variable)")
     sub = p.add_subparsers(dest="command", required=True)
 
     pub = sub.add_parser("pub", help="send a message to a group")
@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     sub.add_parser("stats", help="print the broker's counters")
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     if args.port is None:
         args.port = HSP_PORT if args.protocol == "hsp" else DEFAULT_PORT
     args.tls = args.tls or args.cert is not None

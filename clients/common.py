@@ -52,10 +52,16 @@ async def idle_pinger(
 
 def add_credential_args(p: argparse.ArgumentParser) -> None:
     """``--token`` (default ``$SKAN_TOKEN``) and a TLS client certificate."""
-    p.add_argument("--token", default=os.environ.get("SKAN_TOKEN"),
-                   help="credential for the broker's [[users]] (default: $SKAN_TOKEN)")
+    p.add_argument("--token", help="credential for the broker's [[users]] "
+                   "(default: the SKAN_TOKEN environment variable)")
     p.add_argument("--tls-cert", help="client certificate (PEM) to present; implies --tls")
     p.add_argument("--tls-key", help="private key of --tls-cert (if not in the same file)")
+
+
+def env_token(token: str | None) -> str | None:
+    """``--token`` if given, else ``$SKAN_TOKEN`` (read after parsing, so a
+    help text never shows the secret as a default)."""
+    return token if token is not None else os.environ.get("SKAN_TOKEN")
 
 
 def tls_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:

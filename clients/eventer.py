@@ -29,7 +29,13 @@ from typing import Any
 
 import trio
 
-from clients.common import add_credential_args, idle_pinger, open_stream, tls_from_args
+from clients.common import (
+    add_credential_args,
+    env_token,
+    idle_pinger,
+    open_stream,
+    tls_from_args,
+)
 from wire.chatter import Conversation, Envelope
 from wire.errors import ProtocolError
 from wire.eventer import (
@@ -459,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--order", choices=["descending", "ascending"], default="descending")
     q.add_argument("--server-id", type=int, default=1)
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     try:
         return trio.run(_run, args)
     except KeyboardInterrupt:

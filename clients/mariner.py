@@ -35,6 +35,7 @@ import trio
 from clients.common import (
     ReceiveIterator,
     add_credential_args,
+    env_token,
     idle_pinger,
     open_stream,
     tls_from_args,
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls", action="store_true")
     p.add_argument("--tls-ca")
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     try:
         trio.run(_subscribe, args)
     except MarinerClosed as exc:

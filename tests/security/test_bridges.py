@@ -97,3 +97,16 @@ def _python() -> list[str]:
 
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+async def test_eventer_cli_token_from_environment():
+    with BrokerProcess(USERS) as b:
+        host, port = b.addr["eventer"]
+        base = ["-m", "clients.eventer", "--host", host, "--port", str(port), "query", "latest"]
+        ok = await trio.run_process([*_python(), *base], env=_env(SKAN_TOKEN=SENSOR_TOKEN),
+                                    capture_stdout=True, capture_stderr=True, check=False)
+        assert ok.returncode == 0, ok.stderr
+        bad = await trio.run_process([*_python(), *base], env=_env(SKAN_TOKEN="wrong"),
+                                     capture_stdout=True, capture_stderr=True, check=False)
+        assert bad.returncode != 0 and b"not authorised" in bad.stderr, bad.stderr
+        assert b"Traceback" not in bad.stderr
