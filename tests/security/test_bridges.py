@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import trio
 
 from broker.runtime import config as cfgmod
 from clients.skan import SkanClient
-from tests.brokerproc import ROOT, BrokerProcess
+from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape
 from tests.protocols.hsp.test_bridge import PeerServer, bridge_config, free_port, until
-from tests.security.common import OP_TOKEN, SENSOR_TOKEN, USERS
+from tests.security.common import OP_TOKEN, USERS
 
 READ_ONLY_BRIDGE = """
 [[users]]
@@ -73,40 +70,3 @@ def test_bridge_user_must_exist():
     with pytest.raises(cfgmod.ConfigError) as info:
         cfgmod.from_mapping(data)
     assert info.value.key == "bridges[0].user"
-
-
-async def test_skan_cli_token_flag_and_environment():
-    with BrokerProcess(USERS) as b:
-        host, port = b.skan
-        base = ["-m", "clients.cli", "--host", host, "--port", str(port)]
-        ok = await trio.run_process([*_python(), *base, "pub", "telemetry", "x"],
-                                    env=_env(SKAN_TOKEN=SENSOR_TOKEN), capture_stdout=True,
-                                    capture_stderr=True, check=False)
-        assert ok.returncode == 0, ok.stderr
-        flag = await trio.run_process([*_python(), *base, "--token", "wrong", "stats"],
-                                      env=_env(SKAN_TOKEN=SENSOR_TOKEN), capture_stdout=True,
-                                      capture_stderr=True, check=False)
-        assert flag.returncode == 1
-        assert b"skan: broker refused: not authorised" in flag.stderr
-        assert b"Traceback" not in flag.stderr
-
-
-def _python() -> list[str]:
-    return [sys.executable]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-async def test_eventer_cli_token_from_environment():
-    with BrokerProcess(USERS) as b:
-        host, port = b.addr["eventer"]
-        base = ["-m", "clients.eventer", "--host", host, "--port", str(port), "query", "latest"]
-        ok = await trio.run_process([*_python(), *base], env=_env(SKAN_TOKEN=SENSOR_TOKEN),
-                                    capture_stdout=True, capture_stderr=True, check=False)
-        assert ok.returncode == 0, ok.stderr
-        bad = await trio.run_process([*_python(), *base], env=_env(SKAN_TOKEN="wrong"),
-                                     capture_stdout=True, capture_stderr=True, check=False)
-        assert bad.returncode != 0 and b"not authorised" in bad.stderr, bad.stderr
-        assert b"Traceback" not in bad.stderr
