@@ -13,7 +13,8 @@ Answers to DATA_ACK (see docs/hsp.md for the full mapping):
 - malformed Skan message -> ERROR 1; the connection stays open
 - semantic fault         -> ERROR 2 (the Skan error text); unknown Type -> ERROR 2
 - payload over the limit -> ERROR 3 (the payload is skipped, never buffered)
-- anything before getlname -> ERROR 4 and the connection is closed
+- anything before getlname, or refused credentials -> ERROR 4 and the connection is closed
+- a send or subscribe outside the user's permissions -> ERROR 4; the connection stays open
 
 A plain DATA has no way to be answered: its faults are reported the way
 native Skan reports them, as a Skan error frame ``{"type": "error", ...}``
