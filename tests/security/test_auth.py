@@ -127,3 +127,22 @@ def test_router_refuses_sends_and_subscriptions_outside_permissions():
     router.subscribe_pattern(ep, (b"cmd.y", b"*"))
     assert router.subscription_count == 2
     assert router.counters.permission_denied == {"skan:subscribe": 4}
+
+
+def test_reload_keeps_connection_counts_and_applies_new_limits():
+    router = Router(hostname="t")
+    router.auth = Authenticator([user("op", "t")], allow_anonymous=False)
+    eps = [Sink() for _ in range(3)]
+    for ep in eps:
+        router.attach(ep)
+    assert router.login(eps[0], b"t") is None and router.login(eps[1], b"t") is None
+    # The limit drops to 1 while 2 are connected: they stay, the next is refused.
+    assert router.reload_auth(Authenticator([user("op", "t", max_connections=1)],
+                                            allow_anonymous=False)) == []
+    assert "max_connections" in (router.login(eps[2], b"t") or "")
+    router.detach(eps[0])
+    router.detach(eps[1])
+    assert router.login(eps[2], b"t") is None
+    # A changed token revokes the connections that used the old one.
+    assert router.reload_auth(Authenticator([user("op", "new")],
+                                            allow_anonymous=False)) == [eps[2]]
