@@ -7,6 +7,10 @@ header announcing 2 GiB is refused before a single byte of it is buffered.
 
 from __future__ import annotations
 
+import contextlib
+
+from wire.skan.codec import PURE_PYTHON
+
 MAGIC_LEN = 4
 
 
@@ -34,22 +38,42 @@ class FrameSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
-        frames: list[bytes] = []
-        pos = 0
-        size = len(buf)
-        max_frame = self.max_frame
-        while size - pos >= 4:
-            n = int.from_bytes(buf[pos : pos + 4], "big")
-            if n > max_frame:
-                self._buf = b""
-                raise FrameError(f"frame of {n} bytes exceeds the limit of {max_frame} bytes")
-            if n < MAGIC_LEN:
-                self._buf = b""
-                raise FrameError(f"frame of {n} bytes is shorter than the 4-byte magic")
-            stop = pos + 4 + n
-            if stop > size:
-                break
-            frames.append(buf[pos:stop])
-            pos = stop
-        self._buf = buf[pos:] if pos < size else b""
+        if type(buf) is not bytes:
+            buf = bytes(buf)
+        frames, pos, bad = _split(buf, self.max_frame)
+        if bad >= 0:
+            self._buf = b""
+            limit = self.max_frame
+            if bad > limit:
+                raise FrameError(f"frame of {bad} bytes exceeds the limit of {limit} bytes")
+            raise FrameError(f"frame of {bad} bytes is shorter than the 4-byte magic")
+        self._buf = buf[pos:] if pos < len(buf) else b""
         return frames
+
+
+def split(buf: bytes, max_frame: int) -> tuple[list[bytes], int, int]:
+    """The complete frames at the start of ``buf``: (frames, bytes consumed, bad length).
+
+    ``bad length`` is -1, or the announced length of the first frame that is
+    over ``max_frame`` or shorter than the magic (the stream is then unusable).
+    The reference for the compiled ``_speedups.split``.
+    """
+    frames: list[bytes] = []
+    pos = 0
+    size = len(buf)
+    while size - pos >= 4:
+        n = int.from_bytes(buf[pos : pos + 4], "big")
+        if n > max_frame or n < MAGIC_LEN:
+            return frames, pos, n
+        stop = pos + 4 + n
+        if stop > size:
+            break
+        frames.append(buf[pos:stop])
+        pos = stop
+    return frames, pos, -1
+
+
+_split = split
+if not PURE_PYTHON:
+    with contextlib.suppress(ImportError):  # not built: the reference serves
+        from wire.skan._speedups import split as _split
