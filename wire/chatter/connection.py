@@ -180,6 +180,11 @@ class ChatterConnection:
 
     # ---- input -------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._splitter.buffered
+
     def receive_data(self, data: bytes, now: float = 0.0) -> list[Message]:
         """Feed received bytes; returns the application messages they complete.
 

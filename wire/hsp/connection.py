@@ -64,6 +64,11 @@ class HSPConnection:
     def max_payload(self) -> int:
         return self._decoder.max_payload
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._decoder.buffered
+
     # ---- receiving --------------------------------------------------------
 
     def receive(self, data: bytes) -> list[Event]:

@@ -52,6 +52,11 @@ class MarinerConnection:
         self.initialised = False
         self.error: ProtocolError | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._splitter.buffered
+
     def receive_data(self, data: bytes) -> list[Message]:
         """Bytes from the peer -> the complete messages they finish, in order."""
         if self.error is not None:
