@@ -30,6 +30,9 @@ SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
 
 STAR = b"*"
 
+# (group, instance, to, is_reply): what a message's recipients depend on.
+RouteKey = tuple[bytes, bytes, bytes, bool]
+
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
 # When full it is simply cleared; rebuilding an entry is one index walk.
@@ -375,15 +378,21 @@ class Router:
             self._cache[key] = recips
         return recips
 
-    def route(self, sender: Endpoint, frame: bytes, header: dict[bytes, Any]) -> Routed:
+    def route(
+        self, sender: Endpoint, frame: bytes, header: dict[bytes, Any],
+        key: RouteKey | None = None,
+    ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
 
         ``header`` must hold DATA values for group, instance and to (the
-        caller validated them).  Never blocks and never raises for a slow
-        recipient: ``deliver`` applies the policy.
+        caller validated them).  ``key`` is ``(group, instance, to, is_reply)``
+        when the caller already has it (the Skan session's decoder builds it
+        in C).  Never blocks and never raises for a slow recipient:
+        ``deliver`` applies the policy.
         """
-        reply = b"repl" in header or b"reply" in header
-        key = (header[b"group"], header[b"instance"], header[b"to"], reply)
+        if key is None:
+            key = (header[b"group"], header[b"instance"], header[b"to"],
+                   b"repl" in header or b"reply" in header)
         recips = self._cache.get(key)
         if recips is None:
             recips = self.recipients(*key)
@@ -391,16 +400,14 @@ class Router:
             self._in_batch = True
             self.session += 1
             self._instance = 0
-        self._instance += 1
+        self._instance = instance = self._instance + 1
         size = len(frame)
         c = self.counters
         c.msgs_in += 1
         c.bytes_in += size
         sender.msgs_in += 1
         sender.bytes_in += size
-        routed = Routed(
-            frame, header, sender, recips, 0, self.session, self._instance, self.clock()
-        )
+        routed = Routed(frame, header, sender, recips, 0, self.session, instance, self.clock())
         delivered = 0
         for ep in recips:
             if ep is not sender:

@@ -55,6 +55,8 @@ def _plain(value: Any) -> Any:
         return ("nested", value.type, value.start, value.stop)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
     return value
 
 
@@ -204,6 +206,54 @@ def _mutations(data: bytes, draw) -> bytes:
 def test_mutated_messages_identical(message, data):
     mutated = _mutations(encode(message), data.draw)
     assert_same(mutated)
+
+
+# ---- decode_send: the header plus the session's send rule -----------------
+
+LNAME = b"6745a2b1_1f@host"
+
+
+def assert_same_send(data: bytes, lname: bytes | None) -> None:
+    from broker.core.session import decode_send_py
+
+    before = _speedups.disagreements()
+    c = _outcome(_speedups.decode_send, data, 4, lname)
+    py = _outcome(decode_send_py, data, 4, lname)
+    assert c == py
+    assert _speedups.disagreements() == before
+
+
+SEND = {"type": "send", "group": "g", "instance": "*", "to": "*", "from": LNAME, "seq": "7",
+        "msg": b"x" * 20}
+
+
+@needs_c
+def test_decode_send_identical_on_every_field_fault():
+    framed = [encode_frame(SEND), encode_frame({**SEND, "repl": "a"}),
+              encode_frame({**SEND, "reply": None}), encode_frame({**SEND, "msg": None}),
+              encode_frame({**SEND, "msg": {"k": ["v", None]}})]
+    for field in ("type", "group", "instance", "to", "from", "seq", "msg"):
+        without = dict(SEND)
+        del without[field]
+        framed.append(encode_frame(without))
+        for bad in (None, {"n": "x"}, ["x"], "other"):
+            framed.append(encode_frame({**SEND, field: bad}))
+    for data in framed:
+        for lname in (LNAME, None, b"other", b""):
+            assert_same_send(data, lname)
+    _header, key = _speedups.decode_send(framed[1], 4, LNAME)
+    assert key == (b"g", b"*", b"*", True)
+    assert _speedups.decode_send(framed[0], 4, LNAME)[1] == (b"g", b"*", b"*", False)
+
+
+@needs_c
+@given(st.dictionaries(st.sampled_from(sorted(SEND)) | tags, values, max_size=10)
+       | st.builds(lambda extra: {**SEND, **extra}, messages), st.data())
+@settings(max_examples=300, deadline=None)
+def test_decode_send_identical_on_generated_and_mutated(message, data):
+    framed = encode_frame(message)
+    assert_same_send(framed, LNAME)
+    assert_same_send(b"\x00\x00\x00\x00" + _mutations(framed[4:], data.draw), LNAME)
 
 
 # ---- frame splitter -------------------------------------------------------

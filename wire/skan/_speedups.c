@@ -57,16 +57,30 @@ static const char *const COMMON[] = {
 static PyObject *common[N_COMMON];
 static Py_ssize_t common_len[N_COMMON];
 
-static inline PyObject *
-make_bytes(const unsigned char *p, Py_ssize_t n)
+/* Positions in COMMON of the fields a send's routing key is made of. */
+enum { F_TYPE, F_GROUP, F_INSTANCE, F_TO, F_FROM, F_SEQ, F_MSG, F_REPL, F_REPLY, N_FIELDS };
+
+static inline int
+common_index(const unsigned char *p, Py_ssize_t n)
 {
     if (n <= 9) {
         for (size_t i = 0; i < N_COMMON; i++) {
-            if (common_len[i] == n && memcmp(COMMON[i], p, (size_t)n) == 0) {
-                Py_INCREF(common[i]);
-                return common[i];
-            }
+            if (common_len[i] == n && memcmp(COMMON[i], p, (size_t)n) == 0)
+                return (int)i;
         }
+    }
+    return -1;
+}
+
+static inline PyObject *
+make_bytes(const unsigned char *p, Py_ssize_t n, int *index)
+{
+    int i = common_index(p, n);
+    if (index != NULL)
+        *index = i;
+    if (i >= 0) {
+        Py_INCREF(common[i]);
+        return common[i];
     }
     return PyBytes_FromStringAndSize((const char *)p, n);
 }
@@ -231,6 +245,81 @@ call_reference(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int r
     return result;
 }
 
+
+/* Build the header dict of the message in b[start:end].  Returns a new
+ * dict, or NULL with *malformed set (no exception: the input is refused),
+ * or NULL with a Python exception.  fields[F_*] receive borrowed references
+ * to the values of the routing fields that are present (NULL otherwise). */
+static PyObject *
+scan(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, PyObject **fields,
+     int *malformed)
+{
+    *malformed = 0;
+    for (int i = 0; i < N_FIELDS; i++)
+        fields[i] = NULL;
+    if (end - start < 4 || memcmp(b + start, "Skan", 4) != 0) {
+        *malformed = 1;
+        return NULL;
+    }
+    PyObject *header = PyDict_New();
+    if (header == NULL)
+        return NULL;
+    Py_ssize_t pos = start + 4, count = 0, items = 0, s, e;
+    int t;
+    while (pos < end) {
+        unsigned int taglen = b[pos];
+        Py_ssize_t tag_end = pos + 1 + (Py_ssize_t)taglen;
+        if (taglen == 0 || tag_end >= end)
+            goto malformed;
+        if (item_header(b, tag_end, end, &t, &s, &e) || count_item(&items))
+            goto malformed;
+        PyObject *value;
+        if (t == T_DATA) {
+            value = make_bytes(b + s, e - s, NULL);
+        }
+        else if (t == T_NULL) {
+            value = Py_None;
+            Py_INCREF(value);
+        }
+        else {
+            int rc = validate(b, t, s, e, 1, &items);
+            if (rc == PYERROR)
+                goto error;
+            if (rc != OK)
+                goto malformed;
+            value = PyObject_CallFunction(nested_type, "inn", t, s, e);
+        }
+        if (value == NULL)
+            goto error;
+        int index;
+        PyObject *key = make_bytes(b + pos + 1, taglen, &index);
+        if (key == NULL) {
+            Py_DECREF(value);
+            goto error;
+        }
+        int rc = PyDict_SetItem(header, key, value);
+        Py_DECREF(key);
+        if (rc < 0) {
+            Py_DECREF(value);
+            goto error;
+        }
+        if (index >= 0 && index < N_FIELDS)
+            fields[index] = value;  /* the dict holds it */
+        Py_DECREF(value);
+        count++;
+        pos = e;
+    }
+    if (count != PyDict_GET_SIZE(header))
+        goto malformed;  /* a duplicate tag */
+    return header;
+
+malformed:
+    *malformed = 1;
+error:
+    Py_DECREF(header);
+    return NULL;
+}
+
 static int
 ssize_arg(PyObject *o, Py_ssize_t *out)
 {
@@ -278,63 +367,85 @@ decode_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     if (start < 0 || end > size || start > end)
         return call_reference(args, nargs, kwnames, 0);
 
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(buf);
-    if (end - start < 4 || memcmp(b + start, "Skan", 4) != 0)
+    PyObject *fields[N_FIELDS];
+    int malformed;
+    PyObject *header = scan((const unsigned char *)PyBytes_AS_STRING(buf), start, end,
+                            fields, &malformed);
+    if (header == NULL && malformed)
         return call_reference(args, nargs, kwnames, 1);
-
-    PyObject *header = PyDict_New();
-    if (header == NULL)
-        return NULL;
-    Py_ssize_t pos = start + 4, count = 0, items = 0, s, e;
-    int t;
-    while (pos < end) {
-        unsigned int taglen = b[pos];
-        Py_ssize_t tag_end = pos + 1 + (Py_ssize_t)taglen;
-        if (taglen == 0 || tag_end >= end)
-            goto malformed;
-        if (item_header(b, tag_end, end, &t, &s, &e) || count_item(&items))
-            goto malformed;
-        PyObject *value;
-        if (t == T_DATA) {
-            value = make_bytes(b + s, e - s);
-        }
-        else if (t == T_NULL) {
-            value = Py_None;
-            Py_INCREF(value);
-        }
-        else {
-            int rc = validate(b, t, s, e, 1, &items);
-            if (rc == PYERROR)
-                goto error;
-            if (rc != OK)
-                goto malformed;
-            value = PyObject_CallFunction(nested_type, "inn", t, s, e);
-        }
-        if (value == NULL)
-            goto error;
-        PyObject *key = make_bytes(b + pos + 1, taglen);
-        if (key == NULL) {
-            Py_DECREF(value);
-            goto error;
-        }
-        int rc = PyDict_SetItem(header, key, value);
-        Py_DECREF(key);
-        Py_DECREF(value);
-        if (rc < 0)
-            goto error;
-        count++;
-        pos = e;
-    }
-    if (count != PyDict_GET_SIZE(header))
-        goto malformed;  /* a duplicate tag */
     return header;
+}
 
-malformed:
+/* The routing key (group, instance, to, is_reply) of a well-formed send from
+ * `lname`, or None: the same rule as session.send_key (the reference). */
+static PyObject *
+send_key(PyObject **f, PyObject *lname)
+{
+    PyObject *type = f[F_TYPE], *group = f[F_GROUP], *instance = f[F_INSTANCE],
+             *to = f[F_TO], *from = f[F_FROM], *seq = f[F_SEQ];
+    if (lname == Py_None || type == NULL || !PyBytes_CheckExact(type)
+            || PyBytes_GET_SIZE(type) != 4 || memcmp(PyBytes_AS_STRING(type), "send", 4) != 0
+            || group == NULL || !PyBytes_CheckExact(group)
+            || instance == NULL || !PyBytes_CheckExact(instance)
+            || to == NULL || !PyBytes_CheckExact(to)
+            || from == NULL || !PyBytes_CheckExact(from)
+            || PyBytes_GET_SIZE(from) != PyBytes_GET_SIZE(lname)
+            || memcmp(PyBytes_AS_STRING(from), PyBytes_AS_STRING(lname),
+                      (size_t)PyBytes_GET_SIZE(lname)) != 0
+            || f[F_MSG] == NULL || seq == NULL || !PyBytes_CheckExact(seq))
+        Py_RETURN_NONE;
+    return PyTuple_Pack(4, group, instance, to,
+                        (f[F_REPL] != NULL || f[F_REPLY] != NULL) ? Py_True : Py_False);
+}
+
+/* decode_send(buf, start, lname) -> (header, key); see session.decode_send. */
+static PyObject *
+decode_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t start;
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || ssize_arg(args[1], &start) < 0
+            || !(args[2] == Py_None || PyBytes_CheckExact(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "decode_send(buf: bytes, start: int, lname: bytes | None)");
+        return NULL;
+    }
+    PyObject *buf = args[0], *lname = args[2];
+    Py_ssize_t size = PyBytes_GET_SIZE(buf);
+    PyObject *fields[N_FIELDS];
+    PyObject *header = NULL;
+    int malformed = 1;
+    if (start >= 0 && start <= size)
+        header = scan((const unsigned char *)PyBytes_AS_STRING(buf), start, size, fields,
+                      &malformed);
+    if (header == NULL) {
+        if (!malformed)
+            return NULL;
+        /* The reference raises the precise error (or, should it accept, its
+         * dict is used and the disagreement counted). */
+        header = call_reference(args, 2, NULL, 1);
+        if (header == NULL)
+            return NULL;
+        if (!PyDict_Check(header)) {
+            Py_DECREF(header);
+            PyErr_SetString(PyExc_TypeError, "the reference decoder did not return a dict");
+            return NULL;
+        }
+        for (int i = 0; i < N_FIELDS; i++) {
+            fields[i] = PyDict_GetItemWithError(header, common[i]);
+            if (fields[i] == NULL && PyErr_Occurred()) {
+                Py_DECREF(header);
+                return NULL;
+            }
+        }
+    }
+    PyObject *key = send_key(fields, lname);
+    if (key == NULL) {
+        Py_DECREF(header);
+        return NULL;
+    }
+    PyObject *result = PyTuple_Pack(2, header, key);
     Py_DECREF(header);
-    return call_reference(args, nargs, kwnames, 1);
-error:
-    Py_DECREF(header);
-    return NULL;
+    Py_DECREF(key);
+    return result;
 }
 
 /* split(buf, max_frame) -> (frames, consumed, bad_length)
@@ -415,6 +526,8 @@ static PyMethodDef methods[] = {
     {"decode_header", (PyCFunction)(void (*)(void))decode_header,
      METH_FASTCALL | METH_KEYWORDS,
      "decode_header(buf, start=0, end=None) -> dict (compiled codec.decode_header)"},
+    {"decode_send", (PyCFunction)(void (*)(void))decode_send, METH_FASTCALL,
+     "decode_send(buf, start, lname) -> (header, routing key or None)"},
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL,
      "split(buf, max_frame) -> (frames, consumed, bad_length)"},
     {"setup", setup, METH_VARARGS,
