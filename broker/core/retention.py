@@ -48,71 +48,33 @@ def view(entry: Entry) -> Routed:
 
 
 class RetentionStore:
-    """The ring of retained entries.
-
-    Fed without a per-message call: :meth:`attach` hands the router the
-    store's intake list, ``Router.route`` appends each message's entry to it,
-    and the router calls :meth:`take_intake` when a routing batch (one
-    received chunk) ends.  Every reader takes the intake first, so a reader
-    in the middle of a batch (an Eventer query after a register in the same
-    chunk) still sees every message routed before it.
-    """
-
     def __init__(self, size: int) -> None:
         # size 0 disables retention (queries and replay then see nothing).
         self.size = size
         self._items: deque[Entry] = deque(maxlen=size or 1)
-        self._intake: list[Entry] = []
-        self._evicted = 0
-        self._evicted_upto: tuple[int, int] | None = None
+        self.evicted = 0
+        # (session, instance) of the newest evicted message: a replay that
+        # starts before it has lost messages to the ring (a visible gap).
+        self.evicted_upto: tuple[int, int] | None = None
 
     def attach(self, router: Router) -> None:
         if self.size:
-            router.retention_intake = self._intake
-            router.on_batch_end.append(self.take_intake)
-
-    def take_intake(self) -> None:
-        """Move the entries routed since the last call into the ring (oldest evicted)."""
-        intake = self._intake
-        if not intake:
-            return
-        items = self._items
-        overflow = len(items) + len(intake) - self.size
-        if overflow > 0:
-            self._evicted += overflow
-            newest_gone = overflow - 1  # index in items + intake
-            gone = (items[newest_gone] if newest_gone < len(items)
-                    else intake[newest_gone - len(items)])
-            self._evicted_upto = (gone[0], gone[1])
-        items.extend(intake)
-        intake.clear()
-
-    @property
-    def evicted(self) -> int:
-        """Messages the ring has let go."""
-        self.take_intake()
-        return self._evicted
-
-    @property
-    def evicted_upto(self) -> tuple[int, int] | None:
-        """(session, instance) of the newest evicted message: a replay that
-        starts before it has lost messages to the ring (a visible gap)."""
-        self.take_intake()
-        return self._evicted_upto
+            router.observers.append(self.add)
 
     def add(self, routed: Routed) -> None:
-        """Retain one message routed outside ``Router.route`` (tests, tools)."""
+        items = self._items
+        if len(items) == items.maxlen:
+            self.evicted += 1
+            gone = items[0]
+            self.evicted_upto = (gone[0], gone[1])
         header = routed.header
-        self._intake.append((routed.session, routed.instance, routed.timestamp, routed.frame,
-                             routed.delivered, header[b"group"], header[b"instance"]))
-        self.take_intake()
+        items.append((routed.session, routed.instance, routed.timestamp, routed.frame,
+                      routed.delivered, header[b"group"], header[b"instance"]))
 
     def __len__(self) -> int:
-        self.take_intake()
         return len(self._items) if self.size else 0
 
     def __iter__(self) -> Iterator[Routed]:
-        self.take_intake()
         return map(view, list(self._items)) if self.size else iter(())
 
     def after(self, session: int, instance: int, limit: int | None = None) -> Iterator[Routed]:
@@ -123,13 +85,11 @@ class RetentionStore:
         """A snapshot of the raw entries, oldest first (or newest first)."""
         if not self.size:
             return []
-        self.take_intake()
         return list(reversed(self._items)) if newest_first else list(self._items)
 
     def entries_after(self, session: int, instance: int, limit: int | None = None
                       ) -> list[Entry]:
         """Raw entries strictly after EventId (session, instance), oldest first (``limit``)."""
-        self.take_intake()
         items = self._items
         if not self.size or not items:
             return []
@@ -140,9 +100,7 @@ class RetentionStore:
         return [items[j] for j in range(i, stop)]
 
     def newest(self) -> Routed | None:
-        self.take_intake()
         return view(self._items[-1]) if self.size and self._items else None
 
     def newest_first(self) -> Iterator[Routed]:
-        self.take_intake()
         return map(view, list(reversed(self._items))) if self.size else iter(())

@@ -209,14 +209,8 @@ class Router:
         # Endpoints whose outgoing queue passed its high-water mark during
         # routing; the trio layer pauses the publishing reader on them.
         self.congested: list[Endpoint] = []
-        # Called with every Routed message, delivered or not (routing log, Eventer).
+        # Called with every Routed message, delivered or not (retention, log).
         self.observers: list[Callable[[Routed], None]] = []
-        # The retention store's intake (RetentionStore.attach): route() appends
-        # each message's entry tuple here instead of calling an observer, and
-        # the store takes them in when the batch ends (on_batch_end).
-        self.retention_intake: list[tuple] | None = None
-        # Called at the end of every routing batch (one received chunk).
-        self.on_batch_end: list[Callable[[], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
         # Set by the metrics service (None = metrics off, no per-message cost):
@@ -413,8 +407,7 @@ class Router:
         c.bytes_in += size
         sender.msgs_in += 1
         sender.bytes_in += size
-        timestamp = self.clock()
-        routed = Routed(frame, header, sender, recips, 0, self.session, instance, timestamp)
+        routed = Routed(frame, header, sender, recips, 0, self.session, instance, self.clock())
         delivered = 0
         for ep in recips:
             if ep is not sender:
@@ -435,9 +428,6 @@ class Router:
                 gs = gstats[key[0]] = [0, 0]
             gs[0] += 1
             gs[1] += delivered
-        intake = self.retention_intake
-        if intake is not None:
-            intake.append((self.session, instance, timestamp, frame, delivered, key[0], key[1]))
         for observer in self.observers:
             observer(routed)
         return routed
@@ -445,8 +435,6 @@ class Router:
     def end_batch(self) -> None:
         """Close the current routing batch: flush batched endpoints, open a new session."""
         self._in_batch = False
-        for callback in self.on_batch_end:
-            callback()
         if self._dirty:
             dirty, self._dirty = self._dirty, []
             for ep in dict.fromkeys(dirty):
