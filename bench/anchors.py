@@ -131,7 +131,7 @@ class Mosquitto(Server):
         conf = self.work / "mosquitto.conf"
         conf.write_text(
             f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "log_dest none\nmax_connections -1\n"
+            "log_dest none\nmax_connections -1\nset_tcp_nodelay true\n"
         )
         os.chmod(conf, 0o644)
         self.proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
