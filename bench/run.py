@@ -4,6 +4,7 @@
     python -m bench.run --rounds 3 --seconds 5
     python -m bench.run --before ../old-checkout # adds a broker running older code
     python -m bench.run --pure                   # adds a broker with SKAN_PURE_PYTHON=1
+    python -m bench.run --bare                   # adds a broker with log, metrics, retention off
     python -m bench.run --broker 127.0.0.1:9912  # a Skan broker that is already running
 
 Scenarios (100-byte payloads): 1->1, 1->10, 10->1 (one group), 100->100 (100
@@ -27,6 +28,9 @@ from bench.anchors import Mosquitto, MqttClient, Nats, NatsClient
 from bench.compare import SCENARIOS, Target, run
 from bench.skan_load import Broker, SkanClient
 
+# The per-message features off (--bare): what they cost, side by side.
+BARE = "\n[log]\nenabled = false\n[metrics]\nenabled = false\n[retention]\nsize = 0\n"
+
 
 async def main(args: argparse.Namespace) -> None:
     config = pathlib.Path(args.config).read_text() if args.config else ""
@@ -49,6 +53,8 @@ async def main(args: argparse.Namespace) -> None:
             skan("skan", Broker(config))
         if args.before:
             skan("skan-before", Broker(config, root=pathlib.Path(args.before).resolve()))
+        if args.bare:
+            skan("skan-bare", Broker(config + BARE))
         if args.pure:
             skan("skan-pure", Broker(config, env={"SKAN_PURE_PYTHON": "1"}))
         if not args.no_anchors:
@@ -69,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--before", help="another checkout of this repository: also run its broker")
     p.add_argument("--pure", action="store_true",
                    help="also run a broker in pure-Python mode (SKAN_PURE_PYTHON=1)")
+    p.add_argument("--bare", action="store_true",
+                   help="also run a broker with routing log, metrics and retention off")
     p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the 10,000 idle connections memory figure")
