@@ -62,13 +62,13 @@ def parts_cost() -> dict[str, Callable[[], float]]:
     """Timers for the codec alone: the splitter and the header decoder."""
     router = Router()
     _pub, _subs, chunk, per_chunk = fan_out(router, 1)
-    frame = FrameSplitter(1 << 20).feed(chunk)[0]
+    frame = FrameSplitter(1 << 20).receive_data(chunk)[0]
 
     def split() -> float:
         splitter = FrameSplitter(8 << 20)
         start = time.thread_time()
         for _ in range(CHUNKS):
-            splitter.feed(chunk)
+            splitter.receive_data(chunk)
         return (time.thread_time() - start) / (CHUNKS * per_chunk)
 
     def header() -> float:

@@ -30,7 +30,8 @@ from typing import Any
 import trio
 
 from clients.common import idle_pinger, open_stream
-from wire.chatter import ChatterError, Conversation, Envelope
+from wire.chatter import Conversation, Envelope
+from wire.errors import ProtocolError
 from wire.eventer import (
     BinaryPayload,
     ClientConnection,
@@ -291,7 +292,7 @@ class EventerClient:
     def _decode(self, data: bytes) -> list[Any]:
         try:
             return self._proto.receive_data(data, self._last_rx)
-        except ChatterError as exc:
+        except ProtocolError as exc:
             raise EventerError(f"protocol error: {exc}") from None
 
     async def _reader(self) -> None:

@@ -24,6 +24,7 @@ import trio
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from broker.runtime.config import BridgeSection
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ async def _reconnect_forever(
             await session(status)
             status.last_error = "connection closed"
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
-                ValueError) as exc:
+                ProtocolError) as exc:
             status.last_error = f"{type(exc).__name__}: {exc}"
         was_up = status.up
         status.up = False

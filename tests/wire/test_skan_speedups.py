@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.wire import skan_vectors as V
-from wire.skan import FrameError, FrameSplitter, codec, encode, encode_frame, framing
+from wire.skan import FrameSplitter, FramingError, codec, encode, encode_frame, framing
 from wire.skan.codec import Nested, SkanError, decode_header_py
 
 PURE = codec.PURE_PYTHON
@@ -260,10 +260,11 @@ def test_decode_send_identical_on_generated_and_mutated(message, data):
 
 
 @needs_c
-@given(st.binary(max_size=200), st.integers(0, 300))
+@given(st.binary(max_size=200), st.integers(0, 300), st.data())
 @settings(max_examples=1000, deadline=None)
-def test_split_identical_on_random_bytes(data, max_frame):
-    assert split_c(data, max_frame) == framing.split(data, max_frame)
+def test_split_identical_on_random_bytes(data, max_frame, draw):
+    pos = draw.draw(st.integers(0, len(data)))
+    assert split_c(data, pos, max_frame) == framing.split(data, pos, max_frame)
 
 
 @needs_c
@@ -274,7 +275,7 @@ def test_split_identical_on_frames(batch, data):
     cut = data.draw(st.integers(0, len(stream)))
     for chunk in (stream, stream[:cut], stream[cut:]):
         for limit in (4, 64, 1 << 20):
-            assert split_c(chunk, limit) == framing.split(chunk, limit)
+            assert split_c(chunk, 0, limit) == framing.split(chunk, 0, limit)
 
 
 def test_splitter_errors_and_reassembly():
@@ -284,15 +285,15 @@ def test_splitter_errors_and_reassembly():
     splitter = FrameSplitter(1 << 20)
     got = []
     for i in range(0, len(stream), 7):
-        got.extend(splitter.feed(stream[i:i + 7]))
+        got.extend(splitter.receive_data(stream[i:i + 7]))
     assert got == frames
     assert splitter.buffered == 0
-    got = FrameSplitter(1 << 20).feed(bytearray(stream))
+    got = FrameSplitter(1 << 20).receive_data(bytearray(stream))
     assert got == frames and all(type(f) is bytes for f in got)
-    with pytest.raises(FrameError, match="exceeds the limit of 10 bytes"):
-        FrameSplitter(10).feed(frames[0] + b"\x00\x00\x00\x0b")
-    with pytest.raises(FrameError, match="shorter than the 4-byte magic"):
-        FrameSplitter(10).feed(b"\x00\x00\x00\x03Ska")
+    with pytest.raises(FramingError, match="exceeds the limit of 10 bytes"):
+        FrameSplitter(10).receive_data(frames[0] + b"\x00\x00\x00\x0b")
+    with pytest.raises(FramingError, match="shorter than the 4-byte magic"):
+        FrameSplitter(10).receive_data(b"\x00\x00\x00\x03Ska")
 
 
 # ---- both modes -----------------------------------------------------------

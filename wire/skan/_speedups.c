@@ -448,25 +448,31 @@ decode_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-/* split(buf, max_frame) -> (frames, consumed, bad_length)
+/* split(buf, pos, max_frame) -> (frames, pos, bad, need); see framing.split.
  *
- * Complete length-prefixed frames (prefix included) from the start of the
- * bytes object `buf`; `consumed` is where the unfinished rest begins.
- * `bad_length` is -1, or the length of the first frame whose prefix is
- * over max_frame or under the 4-byte magic (the caller raises FrameError;
- * the frames before it are returned but must be discarded).
+ * Complete length-prefixed frames (prefix included) of the bytes object
+ * `buf` from `pos`; the returned pos is where the unfinished rest begins.
+ * `bad` is -1, or the length of the first frame whose prefix is over
+ * max_frame or under the 4-byte magic (the caller raises FramingError).
+ * `need` is the whole length of the incomplete frame at pos once its
+ * prefix is in, else 0.
  */
 static PyObject *
 split(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t max_frame;
-    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || ssize_arg(args[1], &max_frame) < 0) {
-        PyErr_SetString(PyExc_TypeError, "split(buf: bytes, max_frame: int)");
+    Py_ssize_t pos, max_frame;
+    if (nargs != 3 || !PyBytes_CheckExact(args[0]) || ssize_arg(args[1], &pos) < 0
+            || ssize_arg(args[2], &max_frame) < 0) {
+        PyErr_SetString(PyExc_TypeError, "split(buf: bytes, pos: int, max_frame: int)");
         return NULL;
     }
     PyObject *buf = args[0];
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(buf);
-    Py_ssize_t size = PyBytes_GET_SIZE(buf), pos = 0, bad = -1;
+    Py_ssize_t size = PyBytes_GET_SIZE(buf), bad = -1, need = 0;
+    if (pos < 0 || pos > size) {
+        PyErr_SetString(PyExc_ValueError, "split: pos outside the buffer");
+        return NULL;
+    }
     PyObject *frames = PyList_New(0);
     if (frames == NULL)
         return NULL;
@@ -477,8 +483,10 @@ split(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             bad = (Py_ssize_t)n;
             break;
         }
-        if (n > (size_t)(size - pos - 4))
+        if (n > (size_t)(size - pos - 4)) {
+            need = 4 + (Py_ssize_t)n;
             break;
+        }
         Py_ssize_t stop = pos + 4 + (Py_ssize_t)n;
         PyObject *frame = (pos == 0 && stop == size)
             ? (Py_INCREF(buf), buf)
@@ -491,7 +499,7 @@ split(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(frame);
         pos = stop;
     }
-    return Py_BuildValue("(Nnn)", frames, pos, bad);
+    return Py_BuildValue("(Nnnn)", frames, pos, bad, need);
 }
 
 /* setup(nested_type, reference_decoder, max_depth, max_items) */
@@ -529,7 +537,7 @@ static PyMethodDef methods[] = {
     {"decode_send", (PyCFunction)(void (*)(void))decode_send, METH_FASTCALL,
      "decode_send(buf, start, lname) -> (header, routing key or None)"},
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL,
-     "split(buf, max_frame) -> (frames, consumed, bad_length)"},
+     "split(buf, pos, max_frame) -> (frames, pos, bad, need)"},
     {"setup", setup, METH_VARARGS,
      "setup(nested_type, reference_decoder, max_depth, max_items)"},
     {"disagreements", get_disagreements, METH_NOARGS,

@@ -1,76 +1,90 @@
 """Incremental splitter for the Skan TCP stream: 4-byte big-endian length, then the message.
 
-Sans-IO: feed received bytes, get complete frames back.  The length is
+Sans-IO: ``receive_data(bytes)`` returns the complete frames.  The length is
 checked against ``max_frame`` as soon as the 4-byte prefix is seen, so a
 header announcing 2 GiB is refused before a single byte of it is buffered.
+Reassembly is linear in the bytes received (:mod:`wire.buffer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 
+from wire.buffer import ReceiveBuffer
+from wire.errors import FramingError
 from wire.skan.codec import PURE_PYTHON
 
 MAGIC_LEN = 4
 
 
-class FrameError(ValueError):
-    """The byte stream cannot be trusted any more (bad length); close the connection."""
-
-
 class FrameSplitter:
     """Split a byte stream into frames.
 
-    ``feed(data)`` returns a list of complete frames, each a ``bytes`` object
-    holding the 4-byte prefix and the message, ready to forward byte-for-byte.
+    ``receive_data(data)`` returns a list of complete frames, each a ``bytes``
+    object holding the 4-byte prefix and the message, ready to forward
+    byte-for-byte.  Raises :class:`~wire.errors.FramingError` for a length
+    over ``max_frame`` or shorter than the magic.
     """
 
-    __slots__ = ("_buf", "max_frame")
+    __slots__ = ("_rx", "max_frame")
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
-        self._buf = b""
+        self._rx = ReceiveBuffer()
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame that is not complete yet."""
-        return len(self._buf)
+        return len(self._rx)
 
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf + data if self._buf else data
-        if type(buf) is not bytes:
-            buf = bytes(buf)
-        frames, pos, bad = _split(buf, self.max_frame)
+    @property
+    def copied(self) -> int:
+        """Bytes copied to reassemble frames so far (linear in the bytes received)."""
+        return self._rx.copied
+
+    def receive_data(self, data: bytes) -> list[bytes]:
+        rx = self._rx
+        first = None
+        pos = 0
+        if len(rx):
+            first, data, pos = rx.resume(data)
+        if type(data) is not bytes:
+            data = bytes(data)
+        frames, pos, bad, need = _split(data, pos, self.max_frame)
         if bad >= 0:
-            self._buf = b""
-            limit = self.max_frame
-            if bad > limit:
-                raise FrameError(f"frame of {bad} bytes exceeds the limit of {limit} bytes")
-            raise FrameError(f"frame of {bad} bytes is shorter than the 4-byte magic")
-        self._buf = buf[pos:] if pos < len(buf) else b""
+            rx.clear()
+            if bad < MAGIC_LEN:
+                raise FramingError(f"frame of {bad} bytes is shorter than the 4-byte magic")
+            raise FramingError(f"frame of {bad} bytes exceeds the limit of {self.max_frame} bytes")
+        if first is not None:
+            frames.insert(0, first)
+        if pos < len(data):
+            rx.keep(data, pos, need)
         return frames
 
 
-def split(buf: bytes, max_frame: int) -> tuple[list[bytes], int, int]:
-    """The complete frames at the start of ``buf``: (frames, bytes consumed, bad length).
+def split(data: bytes, pos: int, max_frame: int) -> tuple[list[bytes], int, int, int]:
+    """Scan ``data`` from ``pos``: ``(frames, pos, bad, need)``.
 
-    ``bad length`` is -1, or the announced length of the first frame that is
-    over ``max_frame`` or shorter than the magic (the stream is then unusable).
-    The reference for the compiled ``_speedups.split``.
+    ``frames`` are the complete frames (prefix included) and ``pos`` where the
+    rest begins; ``bad`` is -1, or the announced length of the first frame
+    that is over ``max_frame`` or shorter than the magic (the stream is then
+    unusable); ``need`` is the whole length of the incomplete frame at
+    ``pos`` once its prefix is in, else 0.  This is every Skan connection's
+    receive path: the reference for the compiled ``_speedups.split``.
     """
     frames: list[bytes] = []
-    pos = 0
-    size = len(buf)
+    size = len(data)
     while size - pos >= 4:
-        n = int.from_bytes(buf[pos : pos + 4], "big")
+        n = int.from_bytes(data[pos : pos + 4], "big")
         if n > max_frame or n < MAGIC_LEN:
-            return frames, pos, n
+            return frames, pos, n, 0
         stop = pos + 4 + n
         if stop > size:
-            break
-        frames.append(buf[pos:stop])
+            return frames, pos, -1, 4 + n
+        frames.append(data[pos:stop])
         pos = stop
-    return frames, pos, -1
+    return frames, pos, -1, 0
 
 
 _split = split

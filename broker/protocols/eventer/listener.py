@@ -30,7 +30,7 @@ from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
 from wire import eventer as w
-from wire.chatter import ChatterError
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class EventerEndpoint(QueuedEndpoint):
                     break
             if self.backlog and self.proto.credit > 0:
                 self._drain_backlog()
-        except ChatterError as exc:
+        except ProtocolError as exc:
             self._fatal(str(exc))
         self._write()
 

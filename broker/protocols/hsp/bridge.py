@@ -47,6 +47,7 @@ from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import RECV_SIZE, write_loop
 from clients.common import idle_pinger
+from wire.errors import ProtocolError
 from wire.hsp import (
     DATA_ACK,
     ERROR,
@@ -180,8 +181,8 @@ class _Link:
         try:
             await task()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
-                ValueError) as exc:
-            # ValueError covers wire.hsp.ProtocolError: the peer broke HSP.
+                ProtocolError) as exc:
+            # ProtocolError (wire.errors): the peer broke HSP.
             self._fail(exc)
 
     def _push(self, data: bytes) -> None:
@@ -231,7 +232,7 @@ class _Link:
             if not data:
                 raise EOFError("the HSP peer closed the connection")
             self.last_rx = trio.current_time()
-            events = self.hsp.receive(data)
+            events = self.hsp.receive_data(data)
             try:
                 for ev in events:
                     self._handle(ev)

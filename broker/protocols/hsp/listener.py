@@ -126,7 +126,7 @@ class HSPEndpoint(QueuedEndpoint):
 
     def on_bytes(self, data: bytes) -> None:
         try:
-            events = self.hsp.receive(data)
+            events = self.hsp.receive_data(data)
         except ProtocolError as exc:
             self._apply(exc.events)
             if self.closing is None:

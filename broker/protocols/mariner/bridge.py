@@ -37,6 +37,7 @@ from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
 from clients.mariner import MarinerClient
 from wire import mariner as mw
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class MarinerBridge:
                     None if source is None else timestamp_from_parts(source.s, source.us)
                 ),
             )
-        except (MappingError, ValueError) as exc:
+        except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))
             return
         size = len(message.frame)

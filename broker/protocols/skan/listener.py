@@ -12,8 +12,11 @@ from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
 from broker.core.session import SkanSession, error_frame
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
-from wire.skan import FrameError, FrameSplitter, SkanError, encode_frame
+from broker.runtime.transport import (
+    serve_protocol,
+)
+from wire.errors import FramingError, MalformedError
+from wire.skan import FrameSplitter, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,8 @@ class SkanEndpoint(QueuedEndpoint):
 
     def on_bytes(self, data: bytes) -> None:
         try:
-            frames = self.splitter.feed(data)
-        except FrameError as exc:
+            frames = self.splitter.receive_data(data)
+        except FramingError as exc:
             self._fatal(ErrorKind.BAD_FRAME, str(exc))
             return
         session = self.session
@@ -65,7 +68,7 @@ class SkanEndpoint(QueuedEndpoint):
         for frame in frames:
             try:
                 rejected = handle(frame)
-            except SkanError as exc:
+            except MalformedError as exc:
                 self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
                 return
             if rejected is not None:
