@@ -105,7 +105,7 @@ class SkanSession:
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
             # Hot path: a well-formed send from this connection.
-            self.router.route(self.endpoint, frame, header, key)
+            self.router.route(self.endpoint, frame, header, key=key)
             return None
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:

@@ -11,6 +11,7 @@ mode, so both implementations stay tested.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -206,6 +207,51 @@ def _mutations(data: bytes, draw) -> bytes:
 def test_mutated_messages_identical(message, data):
     mutated = _mutations(encode(message), data.draw)
     assert_same(mutated)
+
+
+# ---- the item limit (wire.limits.MAX_ITEMS) --------------------------------
+
+
+@contextlib.contextmanager
+def item_limit(limit: int):
+    """Both decoders with a small item limit, so the boundary is cheap to explore."""
+    saved = codec.MAX_ITEMS
+    codec.MAX_ITEMS = limit
+    _speedups.setup(Nested, decode_header_py, codec.MAX_DEPTH, limit)
+    try:
+        yield
+    finally:
+        codec.MAX_ITEMS = saved
+        _speedups.setup(Nested, decode_header_py, codec.MAX_DEPTH, saved)
+
+
+@needs_c
+def test_item_limit_boundaries_identical():
+    with item_limit(12):
+        for n in range(6, 16):
+            assert_same(encode({"msg": [None] * n}))  # 1 + n items
+            assert_same(encode({"a": "x", "msg": {f"k{i}": None for i in range(n)}, "b": "y"}))
+            assert_same(encode({f"t{i}": "v" for i in range(n)}))  # n top-level items
+            # Nested items first, then top-level DATA: counted as the reference counts.
+            assert_same(encode({"msg": [None] * 9, **{f"t{i}": "v" for i in range(n)}}))
+            assert_same(encode({"m": [[None] * 3] * 3, "n": [None] * n}))
+
+
+@needs_c
+def test_item_limit_at_full_size():
+    limit = codec.MAX_ITEMS
+    for n in (limit - 2, limit - 1, limit):
+        assert_same(encode({"type": "send", "msg": [None] * n}))
+
+
+@needs_c
+@given(messages, st.integers(1, 40), st.data())
+@settings(max_examples=300, deadline=None)
+def test_item_limit_identical_on_generated_and_mutated(message, limit, data):
+    with item_limit(limit):
+        encoded = encode(message)
+        assert_same(encoded)
+        assert_same(_mutations(encoded, data.draw))
 
 
 # ---- decode_send: the header plus the session's send rule -----------------

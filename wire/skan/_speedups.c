@@ -42,8 +42,8 @@
 /* Configured by setup() from codec.py. */
 static PyObject *nested_type = NULL;   /* codec.Nested */
 static PyObject *reference = NULL;     /* the pure-Python decode_header */
-static int max_depth = 100;            /* codec.MAX_DEPTH */
-static Py_ssize_t max_items = -1;      /* items per message; < 0 = no limit */
+static int max_depth = 100;            /* wire.limits.MAX_DEPTH */
+static Py_ssize_t max_items = -1;      /* wire.limits.MAX_ITEMS; < 0 = no limit */
 static Py_ssize_t disagreements = 0;
 
 /* Tags and values that occur in nearly every message: returned as shared
@@ -264,14 +264,20 @@ scan(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, PyObject **fields
     PyObject *header = PyDict_New();
     if (header == NULL)
         return NULL;
-    Py_ssize_t pos = start + 4, count = 0, items = 0, s, e;
+    /* count: top-level items; nested: items inside HASH/LIST values.  The
+     * reference checks count alone at the top level and count + nested
+     * inside values: the same here, so both refuse exactly the same input. */
+    Py_ssize_t pos = start + 4, count = 0, nested = 0, s, e;
     int t;
     while (pos < end) {
         unsigned int taglen = b[pos];
         Py_ssize_t tag_end = pos + 1 + (Py_ssize_t)taglen;
         if (taglen == 0 || tag_end >= end)
             goto malformed;
-        if (item_header(b, tag_end, end, &t, &s, &e) || count_item(&items))
+        count++;
+        if (max_items >= 0 && count > max_items)
+            goto malformed;
+        if (item_header(b, tag_end, end, &t, &s, &e))
             goto malformed;
         PyObject *value;
         if (t == T_DATA) {
@@ -282,11 +288,13 @@ scan(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, PyObject **fields
             Py_INCREF(value);
         }
         else {
+            Py_ssize_t items = count + nested;
             int rc = validate(b, t, s, e, 1, &items);
             if (rc == PYERROR)
                 goto error;
             if (rc != OK)
                 goto malformed;
+            nested = items - count;
             value = PyObject_CallFunction(nested_type, "inn", t, s, e);
         }
         if (value == NULL)
@@ -306,7 +314,6 @@ scan(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, PyObject **fields
         if (index >= 0 && index < N_FIELDS)
             fields[index] = value;  /* the dict holds it */
         Py_DECREF(value);
-        count++;
         pos = e;
     }
     if (count != PyDict_GET_SIZE(header))
