@@ -256,18 +256,22 @@ async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds:
     rates: dict[tuple[str, str], list[Rate]] = {}
     lats: dict[str, list[Latency]] = {}
     mem: dict[str, float] = {}
-    if memory:
-        for t in targets:
-            if t.rss is not None:
-                mem[t.name] = idle_memory(t)
-                print(f"  memory  {t.name:<12} {mem[t.name] / 1024:8.1f} KB per idle connection "
-                      f"({IDLE_CONNECTIONS:,} connections)", flush=True)
     # Latency first, on brokers that have not routed anything yet: after a
     # throughput case a Skan broker still writes its routing log for a while
     # (and its admission gate may hold readers), which would be measured as
     # latency.  Each later case starts with the target's settle().
-    phases = [s for s in scenarios if s == "latency"] + [s for s in scenarios if s != "latency"]
+    # Memory after latency (10,000 connections opening and closing are work
+    # too) and before the throughput cases (whose garbage the heap would reuse).
+    phases = [s for s in scenarios if s == "latency"] + ["memory"] * memory \
+        + [s for s in scenarios if s != "latency"]
     for scenario in phases:
+        if scenario == "memory":
+            for t in targets:
+                if t.rss is not None:
+                    mem[t.name] = idle_memory(t)
+                    print(f"  memory  {t.name:<12} {mem[t.name] / 1024:8.1f} KB per idle "
+                          f"connection ({IDLE_CONNECTIONS:,} connections)", flush=True)
+            continue
         for r in range(rounds):
             order = targets[r % len(targets):] + targets[:r % len(targets)]
             if scenario == "latency":
