@@ -22,35 +22,18 @@ from collections.abc import Callable
 
 import trio
 
+from tests.debian import ensure_binary
+
 # Builds one publish frame from (payload, sequence number).
 FrameMaker = Callable[[bytes, int], bytes]
 
-# Debian packages of the anchors and where Debian installs their servers.
-PACKAGES = {"mosquitto": "/usr/sbin/mosquitto", "nats-server": "/usr/sbin/nats-server"}
-INSTALL_CMD = "apt-get update && apt-get install -y -o DPkg::Lock::Timeout=300 {pkg}"
-
-
 def ensure_installed(package: str) -> str:
-    """Path of an anchor's server binary; installs the Debian package when missing.
+    """Path of an anchor's server binary (the Debian package, installed when missing).
 
-    Raises RuntimeError (the benchmark never silently drops an anchor) when it
-    is missing and cannot be installed.
+    The same helper the tests use for their Debian peers; raises RuntimeError
+    (the benchmark never silently drops an anchor) when it cannot be installed.
     """
-    default = PACKAGES[package]
-    path = shutil.which(package) or (default if os.access(default, os.X_OK) else None)
-    if path:
-        return path
-    cmd = INSTALL_CMD.format(pkg=package)
-    if os.geteuid() != 0:
-        raise RuntimeError(f"{package} is not installed and this is not root; run: {cmd}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    result = subprocess.run(["sh", "-c", cmd], env=env, capture_output=True, text=True,
-                            timeout=900)
-    path = shutil.which(package) or default
-    if result.returncode != 0 or not os.access(path, os.X_OK):
-        raise RuntimeError(f"installing {package} failed ({cmd}):\n{result.stdout[-2000:]}\n"
-                           f"{result.stderr[-2000:]}")
-    return path
+    return ensure_binary(package, package)
 
 
 def free_port() -> int:
