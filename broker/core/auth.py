@@ -101,7 +101,8 @@ class GroupPatterns:
 class Permissions:
     """What one user's connections may do.  Verdicts are cached per group."""
 
-    __slots__ = ("_sub_cache", "promisc", "publish", "publish_verdicts", "subscribe", "user")
+    __slots__ = ("_pub_cache", "_sub_cache", "promisc", "publish", "publish_allowed",
+                 "subscribe", "user")
 
     def __init__(self, user: str | None, publish: Iterable[str], subscribe: Iterable[str],
                  promisc: bool = False) -> None:
@@ -109,16 +110,22 @@ class Permissions:
         self.publish = GroupPatterns(publish)
         self.subscribe = GroupPatterns(subscribe)
         self.promisc = promisc
-        # group -> may publish; read directly by the router's hot path.
-        self.publish_verdicts: dict[bytes, bool] = {}
+        self._pub_cache: dict[bytes, bool] = {}
+        # Groups known to be allowed: the router's hot path tests membership
+        # (``group in publish_allowed``) without a call.  Same object for the
+        # Permissions' lifetime (cleared, never replaced, when full).
+        self.publish_allowed: set[bytes] = set()
         self._sub_cache: dict[bytes, bool] = {}
 
     def may_publish(self, group: bytes) -> bool:
-        verdict = self.publish_verdicts.get(group)
+        verdict = self._pub_cache.get(group)
         if verdict is None:
-            if len(self.publish_verdicts) >= PERMISSION_CACHE_LIMIT:
-                self.publish_verdicts.clear()
-            verdict = self.publish_verdicts[group] = self.publish(group)
+            if len(self._pub_cache) >= PERMISSION_CACHE_LIMIT:
+                self._pub_cache.clear()
+                self.publish_allowed.clear()
+            verdict = self._pub_cache[group] = self.publish(group)
+            if verdict:
+                self.publish_allowed.add(group)
         return verdict
 
     def may_subscribe(self, group: bytes) -> bool:

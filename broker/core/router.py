@@ -73,6 +73,8 @@ class Endpoint:
         # None means full rights (the hot path tests only that).
         self.principal: Principal | None = None
         self.perms: Permissions | None = None
+        # ``perms.publish_allowed`` (None with full rights), for the hot path.
+        self.publish_allowed: set[bytes] | None = None
         # Subject CN of a verified TLS client certificate (set by the transport).
         self.cert_name: str | None = None
 
@@ -309,8 +311,13 @@ class Router:
     def _set_principal(self, endpoint: Endpoint, principal: Principal) -> None:
         if endpoint.principal is not None:
             self.auth.release(endpoint.principal)  # (bridges are never counted)
+        self._grant(endpoint, principal)
+
+    @staticmethod
+    def _grant(endpoint: Endpoint, principal: Principal) -> None:
         endpoint.principal = principal
-        endpoint.perms = principal.perms
+        perms = endpoint.perms = principal.perms
+        endpoint.publish_allowed = None if perms is None else perms.publish_allowed
 
     def _denied(self, endpoint: Endpoint, action: str, reason: str) -> NotPermitted:
         self.counters.denied(endpoint.protocol, action)
@@ -352,8 +359,7 @@ class Router:
             if new is None:
                 revoked.append(ep)
                 continue
-            ep.principal = new
-            ep.perms = new.perms
+            self._grant(ep, new)
             if new.perms is not None:
                 self._prune(ep, new.perms)
         self._changed()
@@ -593,9 +599,10 @@ class Router:
         if key is None:
             key = (header[b"group"], header[b"instance"], header[b"to"],
                    b"repl" in header or b"reply" in header)
-        perms = sender.perms
-        # Hot path: a cached "allowed" verdict costs one dict lookup, no call.
-        if perms is not None and perms.publish_verdicts.get(key[0]) is not True:
+        # Section 7, hot path: a group already known to be allowed costs one
+        # set membership test, no call; full rights cost an ``is None``.
+        allowed = sender.publish_allowed
+        if allowed is not None and key[0] not in allowed:
             self.check_publish(sender, key[0])
         recips = self._cache.get(key)
         if recips is None:
