@@ -28,7 +28,12 @@ from broker.core.reasons import LISTENER_PROTOCOLS
 from broker.observability.latency import RouteLatency
 from broker.observability.metrics import build_registry, prune_group_stats
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import listener_address, open_listeners
+from broker.runtime.transport import (
+    AcceptErrorLog,
+    accept_loop,
+    listener_address,
+    open_listeners,
+)
 from wire.http import HTTPError, Request, RequestReader, response
 
 log = logging.getLogger(__name__)
@@ -165,7 +170,10 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
             active -= 1
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handle, listeners)
+        # The broker's accept loop: out of descriptors, it waits and logs once per interval.
+        accept_errors = AcceptErrorLog("metrics")
+        for lst in listeners:
+            nursery.start_soon(accept_loop, lst, handle, nursery, accept_errors)
         task_status.started([("metrics", *listener_address(lst)) for lst in listeners])
         while True:
             await trio.sleep(PRUNE_INTERVAL)
