@@ -145,6 +145,9 @@ class MarinerSection(_PeerListener):
 class MetricsSection(_Listener):
     port: int = _port_field(9914)
     enabled: bool = True
+    # Address the metrics listener binds; None: [broker] host.  Lets the
+    # scrape port sit on a management network apart from client traffic.
+    host: str | None = None
     # Per-group series are exported only for these groups plus the top-N
     # groups by traffic: one series per arbitrary group name would let any
     # client blow up the scrape size and Prometheus' memory.
