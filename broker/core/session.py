@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from broker.core.router import SUBTYPES, Endpoint, RouteKey, Router
+from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
 from wire.skan import Nested, codec, decode_header, encode_frame
 
 
@@ -26,6 +26,8 @@ class Rejected:
     reason: str
     seq: bytes | None = None
     close: bool = False
+    # A refusal of section 7 (credentials or permissions): HSP answers ERROR 4.
+    denied: bool = False
 
     def error_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "error", "error": self.reason}
@@ -105,7 +107,10 @@ class SkanSession:
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
             # Hot path: a well-formed send from this connection.
-            self.router.route(self.endpoint, frame, header, key=key)
+            try:
+                self.router.route(self.endpoint, frame, header, key=key)
+            except NotPermitted as exc:
+                return Rejected(exc.reason, header[b"seq"], denied=True)
             return None
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:
@@ -115,6 +120,13 @@ class SkanSession:
         if not self.named:
             if mtype != b"getlname":
                 return Rejected("the first message must be getlname", seq, close=True)
+            # Section 7: getlname may carry the credential, a DATA field 'token'.
+            token = header.get(b"token")
+            if token is not None and type(token) is not bytes:
+                return Rejected("field 'token' of a getlname must be DATA", seq, close=True)
+            refused = self.router.login(self.endpoint, token)
+            if refused is not None:
+                return Rejected(refused, seq, close=True, denied=True)
             self.named = True
             self.lname = self.endpoint.lname
             self.endpoint.send_control({"lname": self.endpoint.lname})
@@ -174,5 +186,8 @@ class SkanSession:
             return Rejected(
                 f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
             )
-        self.router.subscribe(self.endpoint, group, instance, subtype)
+        try:
+            self.router.subscribe(self.endpoint, group, instance, subtype)
+        except NotPermitted as exc:
+            return Rejected(exc.reason, seq, denied=True)
         return None
