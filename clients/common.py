@@ -7,14 +7,26 @@ from typing import Any
 
 import trio
 
+# Seconds a client waits to establish TCP (and TLS) and then for the server's
+# first answer (Skan getlname, Eventer MsgInitRes, Mariner pong).  A port that
+# speaks another protocol is reported within this time instead of hanging.
+CONNECT_TIMEOUT = 5.0
+
 
 async def open_stream(
-    host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+    timeout: float = CONNECT_TIMEOUT,
 ) -> trio.abc.Stream:
-    """A TCP stream to host:port, wrapped in TLS when ``ssl_context`` is given."""
-    if ssl_context is not None:
-        return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-    return await trio.open_tcp_stream(host, port)
+    """A TCP stream to host:port, wrapped in TLS when ``ssl_context`` is given.
+
+    Raises :class:`TimeoutError` (an OSError) naming host:port when TCP does
+    not connect within ``timeout`` seconds.
+    """
+    with trio.move_on_after(timeout):
+        if ssl_context is not None:
+            return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        return await trio.open_tcp_stream(host, port)
+    raise TimeoutError(f"no TCP connection to {host}:{port} within {timeout:g}s")
 
 
 class ReceiveIterator:

@@ -23,10 +23,26 @@ from typing import Any
 import attrs
 import trio
 
-from clients.common import ReceiveIterator, open_stream
+from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream
 from wire.skan import FrameSplitter, decode, encode_frame
 
 DEFAULT_PORT = 9912
+# Longest reason kept from a protocol error: the bytes of a foreign protocol
+# can make a decoder's message arbitrarily long (a 200-digit length).
+MAX_REASON = 200
+CLOSED = "the server closed the connection"
+
+
+class SkanClosed(Exception):
+    """The connection ended (``reason`` says how) before the answer arrived."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotSkanBroker(SkanClosed):
+    """The server did not answer getlname like a Skan broker (another protocol, or none)."""
 
 
 class SkanClientError(Exception):
@@ -54,6 +70,24 @@ class Message:
     msg: Any
     repl: str | None
     header: dict[bytes, Any] = attrs.field(repr=False)
+
+    @property
+    def text(self) -> str | None:
+        """``msg`` as text when it is UTF-8 DATA, else None (a HASH, a LIST, NULL, binary)."""
+        if isinstance(self.msg, bytes):
+            try:
+                return self.msg.decode()
+            except UnicodeDecodeError:
+                return None
+        return None
+
+    @property
+    def value(self) -> Any:
+        """``msg`` with str tags and UTF-8 DATA as str (binary DATA stays bytes).
+
+        Skan has no number type: a number sent as 1 arrives as "1".
+        """
+        return strkeys(self.msg)
 
     @classmethod
     def from_header(cls, header: dict[bytes, Any]) -> Message:
@@ -100,6 +134,9 @@ class SkanClient(ReceiveIterator):
         # reading, TCP pushes back and the broker's slow-consumer policy decides.
         self._inbox_send, self._inbox = trio.open_memory_channel[Message](inbox)
         self.errors: list[SkanClientError] = []
+        # Why the connection ended: None while open, "" when the broker closed it
+        # cleanly, else what went wrong (the broker's bytes were not Skan...).
+        self.close_reason: str | None = None
         self.lname = ""
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -114,21 +151,39 @@ class SkanClient(ReceiveIterator):
         port: int = DEFAULT_PORT,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        timeout: float = CONNECT_TIMEOUT,
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
-        """Connect, ask for the lname, and run the reader until the block exits."""
-        stream = await open_stream(host, port, ssl_context)
+        """Connect, ask for the lname, and run the reader until the block exits.
+
+        Raises :class:`NotSkanBroker` when the server does not answer getlname
+        like a Skan broker within ``timeout`` seconds (a port speaking HTTP,
+        HSP or Chatter is reported instead of hanging).
+        """
+        stream = await open_stream(host, port, ssl_context, timeout)
         client = cls(stream, **kwargs)
         try:
             async with trio.open_nursery() as nursery:
                 client._nursery = nursery
                 nursery.start_soon(client._reader)
-                client.lname = await client.getlname()
+                client.lname = await client._handshake(f"{host}:{port}", timeout)
                 yield client
                 nursery.cancel_scope.cancel()
         finally:
             client._closed = True
             await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, target: str, timeout: float) -> str:
+        with trio.move_on_after(timeout):
+            try:
+                return await self.getlname()
+            except SkanClosed as exc:
+                what = exc.reason
+                if what == CLOSED:
+                    what = "it closed the connection without answering getlname"
+                raise NotSkanBroker(f"{target} is not a Skan broker: {what}") from None
+        raise NotSkanBroker(
+            f"{target} is not a Skan broker: no answer to getlname within {timeout:g}s")
 
     async def aclose(self) -> None:
         """Close the connection now (the ``connect`` block still has to exit)."""
@@ -147,7 +202,10 @@ class SkanClient(ReceiveIterator):
         send, recv = trio.open_memory_channel(1)
         waiters.append(send)
         await self.send_raw(message)
-        return await recv.receive()
+        try:
+            return await recv.receive()
+        except trio.EndOfChannel:
+            raise SkanClosed(self.close_reason or CLOSED) from None
 
     async def getlname(self) -> str:
         reply = await self._control({"type": "getlname"}, self._lname_waiters)
@@ -198,7 +256,10 @@ class SkanClient(ReceiveIterator):
         try:
             await self.send(group, msg, instance=instance, to=to, seq=seq)
             with trio.fail_after(timeout):
-                result = await recv.receive()
+                try:
+                    result = await recv.receive()
+                except trio.EndOfChannel:
+                    raise SkanClosed(self.close_reason or CLOSED) from None
         finally:
             self._requests.pop(seq.encode(), None)
         if isinstance(result, SkanClientError):
@@ -220,11 +281,17 @@ class SkanClient(ReceiveIterator):
             while True:
                 data = await self._stream.receive_some(65536)
                 if not data:
+                    self._ended("")
                     break
                 for frame in self._splitter.feed(data):
                     await self._dispatch(decode(frame[4:]))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._ended("" if self._closed else f"lost the connection ({exc})")
+        except ValueError as exc:
+            # The bytes are not Skan (FrameError, SkanError, or the HSP
+            # carrier's ProtocolError): the stream cannot be trusted any more.
+            self._ended(f"its answer is not Skan ({exc})"[:MAX_REASON])
+            await trio.aclose_forcefully(self._stream)
         finally:
             self._inbox_send.close()
             for waiters in (self._lname_waiters, self._stats_waiters):
@@ -232,6 +299,10 @@ class SkanClient(ReceiveIterator):
                     w.close()
             for w in self._requests.values():
                 w.close()
+
+    def _ended(self, reason: str) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
 
     async def _dispatch(self, header: dict[bytes, Any]) -> None:
         mtype = header.get(b"type")
@@ -263,4 +334,12 @@ def ssl_client_context(ca: str | None = None, insecure: bool = False) -> ssl.SSL
     return ctx
 
 
-__all__ = ["Message", "SkanClient", "SkanClientError", "ssl_client_context", "strkeys"]
+__all__ = [
+    "Message",
+    "NotSkanBroker",
+    "SkanClient",
+    "SkanClientError",
+    "SkanClosed",
+    "ssl_client_context",
+    "strkeys",
+]
