@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import ssl
 from typing import Any
 
@@ -11,6 +12,18 @@ import trio
 # first answer (Skan getlname, Eventer MsgInitRes, Mariner pong).  A port that
 # speaks another protocol is reported within this time instead of hanging.
 CONNECT_TIMEOUT = 5.0
+
+
+# A foreign protocol's bytes read as a length make numbers of hundreds of digits.
+_LONG_NUMBER = re.compile(r"\d{16,}")
+# Longest peer-derived text quoted in one line.
+MAX_REASON = 200
+
+
+def tidy_reason(text: str) -> str:
+    """A decoder's or peer's reason fit for one line: huge numbers summarised, length capped."""
+    text = _LONG_NUMBER.sub(lambda m: f"a {len(m.group())}-digit number", text)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 async def open_stream(

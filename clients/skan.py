@@ -23,13 +23,10 @@ from typing import Any
 import attrs
 import trio
 
-from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream
+from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
 from wire.skan import FrameSplitter, decode, encode_frame
 
 DEFAULT_PORT = 9912
-# Longest reason kept from a protocol error: the bytes of a foreign protocol
-# can make a decoder's message arbitrarily long (a 200-digit length).
-MAX_REASON = 200
 CLOSED = "the server closed the connection"
 
 
@@ -290,7 +287,7 @@ class SkanClient(ReceiveIterator):
         except ValueError as exc:
             # The bytes are not Skan (FrameError, SkanError, or the HSP
             # carrier's ProtocolError): the stream cannot be trusted any more.
-            self._ended(f"its answer is not Skan ({exc})"[:MAX_REASON])
+            self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
             await trio.aclose_forcefully(self._stream)
         finally:
             self._inbox_send.close()
