@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -90,8 +91,13 @@ def fanout_buckets(counts: dict[int, int]) -> list[list[Any]]:
     return rows
 
 
-def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report:
-    """Run every aggregation; returns plain Python tables."""
+def _silent(line: str) -> None:
+    pass
+
+
+def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
+            progress: Callable[[str], None] = _silent) -> Report:
+    """Run every aggregation; returns plain Python tables.  ``progress`` hears each step."""
     log = read_log(spark, log_dir).select(
         "time", "lname", "proto", "group", "size", "recipients", "delivered", "undeliverable"
     ).persist(StorageLevel.MEMORY_AND_DISK)
@@ -106,6 +112,7 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report
             F.min("time").alias("first"),
             F.max("time").alias("last"),
         ).collect()[0].asDict()
+        progress(f"report: {t['messages']:,} records read; aggregating")
         totals = {k: (v if v is not None else 0) for k, v in t.items()}
         totals["first"], totals["last"] = t["first"], t["last"]
         tables: dict[str, Table] = {}
@@ -166,11 +173,12 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report
 
 
 def run(spark: SparkSession, log_dir: str, out_dir: str, *, top: int = DEFAULT_TOP,
-        quiet: bool = False) -> Report:
+        quiet: bool = False, progress: Callable[[str], None] = _silent) -> Report:
     """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
     from analytics import render
 
-    report = compute(spark, log_dir, top)
+    report = compute(spark, log_dir, top, progress)
+    progress(f"report: writing charts and HTML to {out_dir}")
     os.makedirs(out_dir, exist_ok=True)
     report.charts = render.write_charts(report, out_dir)
     report.html = render.write_html(report, os.path.join(out_dir, "report.html"))

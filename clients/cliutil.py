@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from clients.common import tidy_reason as tidy_reason
 from wire.skan.jsonvalue import JsonValueError, json_to_skan
 
 # Distribution whose version every tool reports with --version.
