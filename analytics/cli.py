@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
             progress(f"starting Spark ({args.master or 'local[*]'})")
             spark = build_session(f"skan-analytics-{args.command}", args.master, args.conf,
                                   verbose=args.verbose)
+            jvm_log = getattr(spark, "skan_jvm_log", None)
+            if jvm_log:
+                progress(f"Spark's own log: {jvm_log} (--verbose shows it here)")
         if args.command == "stream":
             _run_stream(spark, args, files)
         else:

@@ -13,20 +13,10 @@ DEFAULT_MASTER = "local[*]"
 # a checkpoint keeps its partition count for life).  Clusters keep Spark's
 # setting (spark-submit --conf, spark-defaults.conf).
 LOCAL_SHUFFLE_PARTITIONS = "8"
-# Spark's own logging when not --verbose: errors only.  The JVM's start-up
-# warnings (loopback host name, native Hadoop library) come from log4j before
-# any setLogLevel call, so a log4j2 configuration is handed to the driver JVM.
-QUIET_LEVEL = "ERROR"
-VERBOSE_LEVEL = "WARN"
-_QUIET_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = spark: %p %c{1}: %m%n
-"""
+# Spark's log level.  Without --verbose the driver JVM's stderr (start-up
+# notices, warnings, the progress bar) goes to a file instead of the terminal:
+# its start-up lines are printed before any log level can apply.
+SPARK_LOG_LEVEL = "WARN"
 
 
 def under_spark_submit() -> bool:
@@ -34,11 +24,8 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _quiet_log4j_file() -> str:
-    fd, path = tempfile.mkstemp(prefix="skan-analytics-log4j2-", suffix=".properties")
-    with os.fdopen(fd, "w") as f:
-        f.write(_QUIET_LOG4J2)
-    return path
+def _jvm_log_file() -> tuple[int, str]:
+    return tempfile.mkstemp(prefix="skan-analytics-spark-", suffix=".log")
 
 
 def build_session(app_name: str, master: str | None = None,
@@ -47,8 +34,9 @@ def build_session(app_name: str, master: str | None = None,
 
     Times are handled in UTC (log times are Unix microseconds, and windows
     and report minutes must not depend on the machine's time zone).  Unless
-    ``verbose``, Spark logs errors only and shows no console progress bar
-    (the jobs print their own progress on stderr).
+    ``verbose``, the driver JVM writes its output to a temporary file (its
+    path in ``spark.skan_jvm_log``) and shows no progress bar: the jobs print
+    their own progress on stderr.
     """
     builder = SparkSession.builder.appName(app_name)
     if not master and not under_spark_submit():
@@ -64,17 +52,22 @@ def build_session(app_name: str, master: str | None = None,
     # Retention removes old routing-log files; a file listed and then removed
     # before it is read is skipped, not a failed job.
     builder = builder.config("spark.sql.files.ignoreMissingFiles", "true")
-    path = None
-    if not verbose and not under_spark_submit():
-        path = _quiet_log4j_file()
-        builder = builder.config("spark.driver.extraJavaOptions",
-                                 f"-Dlog4j2.configurationFile=file:{path}")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    try:
+    if verbose or under_spark_submit():
         spark = builder.getOrCreate()
-    finally:
-        if path is not None:
-            os.unlink(path)  # log4j read it when the JVM started
-    spark.sparkContext.setLogLevel(VERBOSE_LEVEL if verbose else QUIET_LEVEL)
+    else:
+        # The JVM inherits file descriptor 2 when it starts: point it at a file
+        # for that moment, then give this process its stderr back.
+        log_fd, log_path = _jvm_log_file()
+        saved = os.dup(2)
+        try:
+            os.dup2(log_fd, 2)
+            spark = builder.getOrCreate()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(log_fd)
+        spark.skan_jvm_log = log_path  # type: ignore[attr-defined]
+    spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
     return spark
