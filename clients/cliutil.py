@@ -67,8 +67,9 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Help with "(default: X)" on every option that has a default (flags and None have none)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (
-                action.help or ""):
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or (
+                "%(default)" in (action.help or "")):
             return action.help
         return super()._get_help_string(action)
 
