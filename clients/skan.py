@@ -280,7 +280,7 @@ class SkanClient(ReceiveIterator):
                 if not data:
                     self._ended("")
                     break
-                for frame in self._splitter.feed(data):
+                for frame in self._splitter.receive_data(data):
                     await self._dispatch(decode(frame[4:]))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._ended("" if self._closed else f"lost the connection ({exc})")

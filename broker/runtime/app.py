@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
+from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,14 @@ class StartupError(Exception):
         return cls(f"cannot start {where}: {reason}")
 
 
+def new_router(config: Config) -> Router:
+    """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
+    server_id = config.broker.server_id
+    if config.cluster.enabled:
+        return Router(hostname=f"{socket.gethostname()}/{server_id}", server_id=server_id)
+    return Router(server_id=server_id)
+
+
 def _print_ready(lines: list[str]) -> None:
     for line in lines:
         sys.stdout.write(line + "\n")
@@ -56,10 +66,12 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router())
-    retention = RetentionStore(config.retention.size)
-    retention.attach(ctx.router)
-    ctx.components["retention"] = retention
+    config = apply_descriptor_limit(config)
+    enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
+    ctx = BrokerContext(config=config, router=new_router(config),
+                        services=tuple(name for name, _ in enabled))
+    ctx.retention = RetentionStore(config.retention.size)
+    ctx.retention.attach(ctx.router)
     if ctx_out is not None:
         ctx_out.append(ctx)
     if stop is None:
@@ -68,9 +80,7 @@ async def run(
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:
             lines = []
-            for name, enabled, serve in services():
-                if not enabled(config):
-                    continue
+            for name, serve in enabled:
                 try:
                     addrs = await svc_nursery.start(serve, ctx)
                 except OSError as exc:

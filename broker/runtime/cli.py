@@ -18,7 +18,8 @@ import time
 import attrs
 import trio
 
-from broker.runtime import app, config
+from broker.cluster.service import ClusterStartError
+from broker.runtime import app, config, workers
 from clients import cliutil
 
 PROG = "skan-broker"
@@ -60,6 +61,12 @@ def build_parser() -> cliutil.Parser:
                    help=f"routing-log directory (default: {_default(L, 'dir')})")
     p.add_argument("--server-id", type=cliutil.non_negative_int,
                    help=f"Hat server id used in EventIds (default: {_default(B, 'server_id')})")
+    p.add_argument("--cluster", metavar="URL", action="append",
+                   help="NATS server of the cluster backplane (repeat for failover)")
+    p.add_argument("--workers", type=cliutil.non_negative_int, metavar="N",
+                   help="run N broker processes sharing the ports (needs --cluster)")
+    p.add_argument("--reuse-port", action="store_true", default=None,
+                   help=argparse.SUPPRESS)  # set on each worker by --workers
     p.add_argument("--log-level", type=str.lower, choices=config.LOG_LEVELS,
                    help="diagnostic log level on stderr (default: [broker] log_level, "
                         f"{_default(B, 'log_level')})")
@@ -79,6 +86,7 @@ def build_config(args: argparse.Namespace) -> config.Config:
         cfg,
         host=args.host,
         server_id=args.server_id,
+        cluster=tuple(args.cluster) if args.cluster else None,
         skan_port=args.skan_port,
         hsp_port=args.hsp_port,
         eventer_port=args.eventer_port,
@@ -87,6 +95,7 @@ def build_config(args: argparse.Namespace) -> config.Config:
         log_dir=args.log_dir,
         log_level=args.log_level,
         log_format=args.log_format,
+        reuse_port=args.reuse_port,
     )
 
 
@@ -167,6 +176,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return cliutil.EXIT_USAGE
     setup_logging(cfg.broker.log_level, cfg.broker.log_format)
+    if args.workers is not None:
+        if args.workers < 1:
+            print(f"{PROG}: --workers must be at least 1", file=sys.stderr)
+            return cliutil.EXIT_USAGE
+        if not cfg.cluster.enabled:
+            print(f"{PROG}: --workers needs a cluster backplane to route between the "
+                  "workers (--cluster URL or [cluster] url)", file=sys.stderr)
+            return cliutil.EXIT_USAGE
+        return workers.run_workers(cfg, _without_workers(sys.argv[1:] if argv is None else argv),
+                                   args.workers)
     try:
         trio.run(app.run, cfg)
     except BaseException as exc:
@@ -174,9 +193,24 @@ def main(argv: list[str] | None = None) -> int:
     return cliutil.EXIT_OK
 
 
+def _without_workers(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
 def _startup_error(exc: BaseException) -> str | None:
     if isinstance(exc, app.StartupError):
         return str(exc)
+    if isinstance(exc, ClusterStartError):
+        return f"cannot start: {exc}"
     if isinstance(exc, OSError):
         return f"cannot start: {cliutil.describe_os_error(exc)}"
     return None

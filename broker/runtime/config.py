@@ -47,6 +47,11 @@ def _non_negative(inst: Any, attr: attrs.Attribute, value: float) -> None:
         raise ValueError("must not be negative")
 
 
+def _optional_positive(inst: Any, attr: attrs.Attribute, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError("must be greater than 0 (leave it out for no limit of its own)")
+
+
 def _one_of(*choices: str):
     def check(inst: Any, attr: attrs.Attribute, value: str) -> None:
         if value not in choices:
@@ -76,6 +81,18 @@ class BrokerSection:
     # (one JSON object per line, for log shippers).  Flags override both.
     log_level: str = attrs.field(default="info", validator=_one_of(*LOG_LEVELS))
     log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
+    # Client connections of all listeners together (section 9); past it a new
+    # connection gets its protocol's refusal and is closed.  Lowered at start
+    # (with a warning) when the descriptor limit cannot hold this many.
+    max_connections: int = attrs.field(default=10_000, validator=_positive)
+    # Seconds from accept to the end of the protocol's opening (Skan getlname,
+    # HSP first message, Eventer MsgInitReq, Mariner init).
+    handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
+    # Seconds a frame that has begun may take to arrive completely.
+    frame_timeout: float = attrs.field(default=30.0, validator=_positive)
+    # Bind client listeners with SO_REUSEPORT, so several broker processes
+    # (``--workers``) share the ports and the kernel spreads connections.
+    reuse_port: bool = False
 
 
 def _port_field(default: int) -> Any:
@@ -92,12 +109,20 @@ class _Listener:
 
 
 @attrs.frozen
-class SkanSection(_Listener):
+class _ProtocolListener(_Listener):
+    """A listener of client connections (Skan, HSP, Eventer, Mariner)."""
+
+    # This listener's own connection limit, within [broker] max_connections.
+    max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
+
+
+@attrs.frozen
+class SkanSection(_ProtocolListener):
     port: int = _port_field(9912)
 
 
 @attrs.frozen
-class _PeerListener(_Listener):
+class _PeerListener(_ProtocolListener):
     """A listener that can be turned off and keeps idle peers alive with pings."""
 
     enabled: bool = True
@@ -184,6 +209,29 @@ class BridgeSection:
 
 
 @attrs.frozen
+class ClusterSection:
+    # NATS server URLs (nats://host:port), tried in order (failover); empty = no cluster.
+    url: tuple[str, ...] = ()
+    # Reconnect backoff towards NATS, capped exponential (as the bridges).
+    backoff_initial: float = attrs.field(default=0.2, validator=_positive)
+    backoff_max: float = attrs.field(default=5.0, validator=_positive)
+    # Seconds a starting broker waits for an answer from another broker using
+    # its server_id before it concludes the id is free.  NATS propagates
+    # interest between cluster nodes within milliseconds on a LAN.
+    id_probe_timeout: float = attrs.field(default=1.0, validator=_positive)
+    # Seconds between the broker's heartbeats on the backplane; a broker is
+    # "seen" while its last heartbeat is younger than three intervals.
+    heartbeat: float = attrs.field(default=1.0, validator=_positive)
+    # Bytes queued towards NATS before further messages are dropped (counted):
+    # NATS unreachable or slower than the broker must never stall local routing.
+    queue_limit: int = attrs.field(default=64 * MiB, validator=_positive)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+
+@attrs.frozen
 class Config:
     broker: BrokerSection = BrokerSection()
     skan: SkanSection = SkanSection()
@@ -194,6 +242,7 @@ class Config:
     log: LogSection = LogSection()
     retention: RetentionSection = RetentionSection()
     bridges: tuple[BridgeSection, ...] = ()
+    cluster: ClusterSection = ClusterSection()
 
 
 _SECTIONS: dict[str, type] = {
@@ -205,6 +254,7 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "log": LogSection,
     "retention": RetentionSection,
+    "cluster": ClusterSection,
 }
 
 
@@ -284,6 +334,10 @@ def from_mapping(data: Mapping[str, Any]) -> Config:
                 bridges.append(bridge)
             kwargs["bridges"] = tuple(bridges)
         elif name in _SECTIONS:
+            if name == "cluster" and isinstance(value, Mapping) and isinstance(
+                value.get("url"), str
+            ):
+                value = {**value, "url": [value["url"]]}  # one URL or a list
             kwargs[name] = _build(_SECTIONS[name], value, name)
         else:
             known = ", ".join(sorted([*_SECTIONS, "bridges"]))
@@ -301,10 +355,28 @@ def validate(config: Config) -> None:
             f"must be at least broker.max_frame (one frame must fit) and {MIN_QUEUE_LIMIT} "
             "(the high-water mark plus two received chunks)",
         )
+    for i, url in enumerate(config.cluster.url):
+        try:
+            nats_address(url)
+        except ValueError as exc:
+            raise ConfigError(f"cluster.url[{i}]", str(exc)) from None
     for name in ("skan", "hsp", "eventer", "mariner", "metrics"):
         section = getattr(config, name)
         if (section.tls_cert is None) != (section.tls_key is None):
             raise ConfigError(f"{name}.tls_cert", "tls_cert and tls_key go together")
+
+
+def nats_address(url: str) -> tuple[str, int]:
+    """``nats://host:port`` (or ``host:port``; port defaults to 4222) -> (host, port)."""
+    rest = url.removeprefix("nats://")
+    if "://" in rest or "/" in rest or "@" in rest:
+        raise ValueError(f"{url!r} is not nats://host:port (TLS and credentials: not yet)")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = rest, "4222"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{url!r} is not nats://host:port")
+    return host.strip("[]"), int(port)
 
 
 def load(path: str | None) -> Config:
@@ -334,6 +406,8 @@ def override(config: Config, **flags: Any) -> Config:
         "log_dir": ("log", "dir"),
         "log_level": ("broker", "log_level"),
         "log_format": ("broker", "log_format"),
+        "cluster": ("cluster", "url"),
+        "reuse_port": ("broker", "reuse_port"),
     }
     for flag, value in flags.items():
         if value is None:

@@ -13,9 +13,15 @@ buffer read with :meth:`ChatterConnection.data_to_send`.  What it keeps:
   kind; a client chooses it;
 - the Ping service of that envelope: pings are answered at once, pongs end
   our ping conversation;
-- conversation timeouts: a conversation in which we passed the token to the
-  peer expires ``timeout`` seconds later unless the peer answers
-  (:meth:`check_timeouts`; the caller decides what expiry means).
+- conversation timeouts: a conversation in which the peer holds the token
+  (we passed it, or the peer kept it) expires ``timeout`` seconds later
+  unless the peer continues it (:meth:`check_timeouts`; the caller decides
+  what expiry means);
+- bounded peer state: a conversation the peer left with us (it passed us the
+  token and we have not used it) expires after :data:`MAX_HELD_AGE`, and
+  more than :data:`MAX_OPEN_CONVERSATIONS` such conversations (or
+  conversations the peer opened and keeps) when new bytes arrive is a
+  :class:`~wire.errors.LimitError`: a peer cannot make the table grow.
 
 Message types are qualified SBS names (``"HatEventer.MsgInitReq"``) in both
 envelopes, and message data stays SBS-encoded bytes (decode it with
@@ -31,10 +37,25 @@ from typing import Any
 import attrs
 
 from wire.chatter import sbs
-from wire.chatter.framing import FrameSplitter, FramingError, encode_frame
+from wire.chatter.framing import FrameSplitter, encode_frame
+from wire.errors import LimitError, LocalProtocolError, MalformedError, RemoteProtocolError
 
 # The Chatter text's default conversation timeout.
 CONVERSATION_TIMEOUT = 5.0
+
+# Conversations the peer opened or handed back to us that may be open at once
+# when the next bytes arrive.  Each costs a few hundred bytes; a client that
+# opens conversations and never ends them (MsgEventsAck with last=false)
+# added 195 MiB per million before this bound.  Requests are answered as
+# they are read, so a well-behaved peer has none open between reads; the
+# bound leaves room for a client pipelining many requests or a server's
+# unacknowledged notifications.
+MAX_OPEN_CONVERSATIONS = 1024
+
+# Seconds we may hold the token of a conversation the peer handed us before it
+# expires (as the peer's fault: the protocol expected nothing more of us).
+# Every request is answered at once, so only abandoned conversations get old.
+MAX_HELD_AGE = 60.0
 
 
 class Envelope(enum.Enum):
@@ -46,10 +67,6 @@ PING = {Envelope.HAT: "HatPing.MsgPing", Envelope.HATCHATTER: "HatChatter.Ping"}
 PONG = {Envelope.HAT: "HatPing.MsgPong", Envelope.HATCHATTER: "HatChatter.Pong"}
 _PING_TYPES = frozenset(PING.values())
 _PONG_TYPES = frozenset(PONG.values())
-
-
-class ChatterError(ValueError):
-    """The peer broke the Chatter protocol; the connection must be closed."""
 
 
 @attrs.frozen
@@ -79,6 +96,10 @@ class _ConvState:
     ours: bool
     # Monotonic time by which the peer must answer, or None.
     deadline: float | None = None
+    # When the peer handed us the token (we have not used it since), or None.
+    held_since: float | None = None
+    # Whether the peer opened it.
+    peer_opened: bool = False
 
 
 class ChatterConnection:
@@ -131,7 +152,7 @@ class ChatterConnection:
         the peer has ``timeout`` (default: the connection's) seconds to answer.
         """
         if self.envelope is None:
-            raise RuntimeError("the envelope is not known before the peer's first message")
+            raise LocalProtocolError("the envelope is not known before the peer's first message")
         msg_id = self._next_id
         self._next_id += 1
         if conv is None:
@@ -140,9 +161,10 @@ class ChatterConnection:
         else:
             state = self._convs.get(conv)
             if state is None:
-                raise RuntimeError(f"conversation {conv} is over")
+                raise LocalProtocolError(f"conversation {conv} is over")
             if not state.ours:
-                raise RuntimeError(f"the peer holds the token of conversation {conv}")
+                raise LocalProtocolError(f"the peer holds the token of conversation {conv}")
+            state.held_since = None
         self._out.append(self._encode(msg_id, conv, msg_type, data, last, token))
         if last:
             self._convs.pop(conv, None)
@@ -180,15 +202,27 @@ class ChatterConnection:
 
     # ---- input -------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._splitter.buffered
+
     def receive_data(self, data: bytes, now: float = 0.0) -> list[Message]:
         """Feed received bytes; returns the application messages they complete.
 
-        Raises :class:`ChatterError` when the peer broke the protocol.
+        Raises :class:`~wire.errors.RemoteProtocolError` when the peer broke the
+        protocol (:class:`~wire.errors.FramingError` when the stream is lost,
+        :class:`~wire.errors.LimitError` when it keeps too many conversations open).
         """
-        try:
-            bodies = self._splitter.feed(data)
-        except FramingError as exc:
-            raise ChatterError(str(exc)) from None
+        if len(self._convs) > MAX_OPEN_CONVERSATIONS:
+            kept = sum(1 for st in self._convs.values()
+                       if st.held_since is not None or (st.peer_opened and not st.ours))
+            if kept > MAX_OPEN_CONVERSATIONS:
+                raise LimitError(
+                    f"the peer keeps {kept} conversations open "
+                    f"(the limit is {MAX_OPEN_CONVERSATIONS})"
+                )
+        bodies = self._splitter.receive_data(data)
         messages = []
         for body in bodies:
             msg = self._receive(body, now)
@@ -200,8 +234,8 @@ class ChatterConnection:
         if self.envelope is not None:
             try:
                 raw = sbs.decode(self.envelope.value, body)
-            except sbs.SbsError as exc:
-                raise ChatterError(f"malformed {self.envelope.value}: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"malformed {self.envelope.value}: {exc}") from None
             return raw, self._type_of(self.envelope, raw)
         # Detect: the first message must decode as exactly one envelope and
         # name a known type in it (e.g. "HatEventer.MsgInitReq" is a 21-byte
@@ -209,13 +243,13 @@ class ChatterConnection:
         for envelope in (Envelope.HATCHATTER, Envelope.HAT):
             try:
                 raw = sbs.decode(envelope.value, body)
-            except sbs.SbsError:
+            except MalformedError:
                 continue
             msg_type = self._type_of(envelope, raw)
             if sbs.known(msg_type):
                 self.envelope = envelope
                 return raw, msg_type
-        raise ChatterError(
+        raise MalformedError(
             "the first message is neither a Hat.Msg nor a HatChatter.Msg of a known type"
         )
 
@@ -233,10 +267,10 @@ class ChatterConnection:
         raw, msg_type = self._decode_envelope(body)
         if not sbs.known(msg_type) or msg_type.startswith(("Hat.", "HatChatter.Msg",
                                                             "HatChatter.Data")):
-            raise ChatterError(f"unknown message type {msg_type!r}")
+            raise MalformedError(f"unknown message type {msg_type!r}")
         msg_id = raw["id"]
         if msg_id <= self._peer_id:
-            raise ChatterError(
+            raise RemoteProtocolError(
                 f"message id {msg_id} does not increase (previous {self._peer_id})"
             )
         self._peer_id = msg_id
@@ -247,9 +281,14 @@ class ChatterConnection:
         opening = owner_is_peer and raw["first"] == msg_id
         if opening:
             if conv in self._convs:
-                raise ChatterError(f"conversation {raw['first']} opened twice")
+                raise RemoteProtocolError(f"conversation {raw['first']} opened twice")
             if not last:
-                self._convs[conv] = _ConvState(ours=token)
+                self._convs[conv] = _ConvState(
+                    ours=token,
+                    deadline=None if token else now + self.timeout,
+                    held_since=now if token else None,
+                    peer_opened=True,
+                )
         else:
             state = self._convs.get(conv)
             if state is None:
@@ -258,18 +297,23 @@ class ChatterConnection:
                 self.stray += 1
                 return None
             if state.ours:
-                raise ChatterError(
+                raise RemoteProtocolError(
                     f"message {msg_id} in conversation {conv.first} while we hold its token"
                 )
             if last:
                 del self._convs[conv]
             else:
                 state.ours = token
-                state.deadline = None
+                state.deadline = None if token else now + self.timeout
+                state.held_since = now if token else None
         data = bytes(raw["data"]["data"])
         if msg_type in _PING_TYPES:
             if last:
                 return None
+            if not token:
+                raise RemoteProtocolError(
+                    f"ping {msg_id} keeps the conversation token, so it cannot be answered"
+                )
             self.pings_answered += 1
             assert self.envelope is not None
             self.send(PONG[self.envelope], b"", conv=conv, last=True)
@@ -280,14 +324,22 @@ class ChatterConnection:
 
     # ---- timeouts ----------------------------------------------------------
 
+    @staticmethod
+    def _due(state: _ConvState) -> float | None:
+        if state.held_since is not None:
+            return state.held_since + MAX_HELD_AGE
+        return state.deadline
+
     def next_deadline(self) -> float | None:
-        deadlines = [s.deadline for s in self._convs.values() if s.deadline is not None]
+        due = self._due
+        deadlines = [d for d in map(due, self._convs.values()) if d is not None]
         return min(deadlines) if deadlines else None
 
     def check_timeouts(self, now: float) -> list[Conversation]:
-        """Conversations whose answer is overdue; they are over from now on."""
-        expired = [c for c, s in self._convs.items() if s.deadline is not None
-                   and s.deadline <= now]
+        """Conversations whose answer is overdue, or that the peer left with us
+        for longer than MAX_HELD_AGE; they are over from now on."""
+        due = self._due
+        expired = [c for c, s in self._convs.items() if (d := due(s)) is not None and d <= now]
         for conv in expired:
             del self._convs[conv]
         return expired
