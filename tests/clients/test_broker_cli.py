@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import tomllib
 
 import attrs
@@ -119,3 +120,18 @@ def test_log_level_flag_overrides_config():
         pass
     assert not any(" INFO " in line or " DEBUG " in line for line in b.stderr_lines), \
         b.stderr_lines
+
+
+def test_bridge_down_is_a_warning():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again when the block ends: nothing listens
+    conf = (f"[[bridges]]\nprotocol = 'hsp'\naddress = '127.0.0.1:{dead}'\ngroup = 'g'\n"
+            "backoff_initial = 0.1\nbackoff_max = 0.2\n")
+    with BrokerProcess(conf) as b:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                "bridge" in line and " down " in line for line in b.stderr_lines):
+            time.sleep(0.05)
+    down = [line for line in b.stderr_lines if "bridge" in line and " down " in line]
+    assert down and all(" WARNING " in line for line in down), down
