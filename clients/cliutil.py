@@ -228,16 +228,6 @@ def describe_os_error(exc: OSError) -> str:
     return text
 
 
-# Errors a peer or the network causes: the tool says which, in one line.
-PEER_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    trio.BrokenResourceError,
-    trio.ClosedResourceError,
-    trio.TooSlowError,
-    EOFError,
-)
-
-
 def message_for(exc: BaseException, target: str) -> tuple[str, int] | None:
     """The one line and exit code for an expected error, None for a bug."""
     if isinstance(exc, UserError):
