@@ -109,7 +109,7 @@ class _Listener:
 
 
 @attrs.frozen
-class _ProtocolListener(_Listener):
+class ProtocolListener(_Listener):
     """A listener of client connections (Skan, HSP, Eventer, Mariner)."""
 
     # This listener's own connection limit, within [broker] max_connections.
@@ -117,12 +117,12 @@ class _ProtocolListener(_Listener):
 
 
 @attrs.frozen
-class SkanSection(_ProtocolListener):
+class SkanSection(ProtocolListener):
     port: int = _port_field(9912)
 
 
 @attrs.frozen
-class _PeerListener(_ProtocolListener):
+class _PeerListener(ProtocolListener):
     """A listener that can be turned off and keeps idle peers alive with pings."""
 
     enabled: bool = True
@@ -151,6 +151,9 @@ class MarinerSection(_PeerListener):
 class MetricsSection(_Listener):
     port: int = _port_field(9914)
     enabled: bool = True
+    # Address the metrics listener binds; None: [broker] host.  Lets the
+    # scrape port sit on a management network apart from client traffic.
+    host: str | None = None
     # Per-group series are exported only for these groups plus the top-N
     # groups by traffic: one series per arbitrary group name would let any
     # client blow up the scrape size and Prometheus' memory.
