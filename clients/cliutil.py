@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from clients.common import DEFAULT_HOST
 from clients.common import tidy_reason as tidy_reason
 from wire.skan.jsonvalue import JsonValueError, json_to_skan
 
@@ -189,7 +190,7 @@ def readable_file(text: str) -> str:
 def add_connection_options(p: argparse.ArgumentParser, *, default_port: int | None,
                            port_help: str = "server port") -> None:
     """--host, --port and TLS options, the same in every client tool."""
-    p.add_argument("--host", default="127.0.0.1", help="server host")
+    p.add_argument("--host", default=DEFAULT_HOST, help="server host")
     p.add_argument("--port", type=port, default=default_port, help=port_help)
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--tls-ca", "--ca", dest="tls_ca", type=readable_file, metavar="FILE",

@@ -13,6 +13,8 @@ from typing import Any
 
 import trio
 
+# Where the clients look for a broker unless told otherwise (the broker's own default bind).
+DEFAULT_HOST = "127.0.0.1"
 # Seconds a client waits to establish TCP (and TLS) and then for the server's
 # first answer (Skan getlname, Eventer MsgInitRes, Mariner pong).  A port that
 # speaks another protocol is reported within this time instead of hanging.
