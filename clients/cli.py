@@ -143,6 +143,7 @@ def _positive_int(text: str) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+    cliutil.finish_connection_args(args)
     if args.port is None:
         args.port = HSP_PORT if args.protocol == "hsp" else DEFAULT_PORT
     if getattr(args, "acked", False) and args.protocol != "hsp":
@@ -162,10 +163,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _connect(args: argparse.Namespace):
     ctx = cliutil.client_ssl_context(args)
     if args.protocol == "hsp":
-        return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx,
+        return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx, token=args.token,
                                    timeout=args.connect_timeout,
                                    acked=getattr(args, "acked", False))
-    return SkanClient.connect(args.host, args.port, ssl_context=ctx,
+    return SkanClient.connect(args.host, args.port, ssl_context=ctx, token=args.token,
                               timeout=args.connect_timeout)
 
 

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from clients.common import DEFAULT_HOST
+from clients.common import DEFAULT_HOST, env_token
 from clients.common import tidy_reason as tidy_reason
 from wire.skan.jsonvalue import JsonValueError, json_to_skan
 
@@ -189,7 +189,7 @@ def readable_file(text: str) -> str:
 
 def add_connection_options(p: argparse.ArgumentParser, *, default_port: int | None,
                            port_help: str = "server port") -> None:
-    """--host, --port and TLS options, the same in every client tool."""
+    """--host, --port, TLS and credential options, the same in every client tool."""
     p.add_argument("--host", default=DEFAULT_HOST, help="server host")
     p.add_argument("--port", type=port, default=default_port, help=port_help)
     p.add_argument("--tls", action="store_true", help="connect with TLS")
@@ -197,12 +197,27 @@ def add_connection_options(p: argparse.ArgumentParser, *, default_port: int | No
                    help="CA file that signed the server's certificate (system CAs if unset)")
     p.add_argument("--insecure", action="store_true",
                    help="TLS without verifying the server's certificate (testing only)")
+    p.add_argument("--tls-cert", "--cert", dest="tls_cert", type=readable_file, metavar="FILE",
+                   help="client certificate (PEM) to present; implies --tls")
+    p.add_argument("--tls-key", "--key", dest="tls_key", type=readable_file, metavar="FILE",
+                   help="private key of --tls-cert (if not in the same file)")
+    p.add_argument("--token", help="credential for the broker's [[users]] or the server's "
+                   "token (default: the SKAN_TOKEN environment variable)")
+
+
+def finish_connection_args(args: argparse.Namespace) -> None:
+    """After parsing: the token from $SKAN_TOKEN when not given (never shown as a help
+    default), and TLS on when a client certificate is given."""
+    args.token = env_token(args.token)
+    args.tls = args.tls or args.tls_cert is not None
 
 
 def client_ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     if not args.tls:
         return None
     ctx = ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls_cert is not None:
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
     if args.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

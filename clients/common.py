@@ -6,6 +6,7 @@ The broker's listeners and bridges use the same keep-alive loop
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -73,6 +74,12 @@ async def idle_pinger(
         await trio.sleep(timeout)
         if last_rx() < now:
             return
+
+
+def env_token(token: str | None) -> str | None:
+    """``--token`` if given, else ``$SKAN_TOKEN`` (read after parsing, so a
+    help text never shows the secret as a default)."""
+    return token if token is not None else os.environ.get("SKAN_TOKEN")
 
 
 class ReceiveIterator:

@@ -458,7 +458,6 @@ def build_parser() -> cliutil.Parser:
                                               "(events printed as JSON lines).")
     cliutil.add_connection_options(p, default_port=DEFAULT_PORT, port_help="Eventer port")
     p.add_argument("--client-name", default=CLI_CLIENT_NAME, help="name sent in MsgInitReq")
-    p.add_argument("--token", help="the server's Eventer token, if it has one")
     p.add_argument("--timeout", type=cliutil.positive_float, default=CONNECT_TIMEOUT,
                    metavar="SECONDS",
                    help="seconds to connect, and for each answer (MsgInitRes, queries)")
@@ -496,6 +495,7 @@ def _own_errors(exc: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    cliutil.finish_connection_args(args)
     return cliutil.run(PROG, _run, args, target=f"{args.host}:{args.port}", errors=_own_errors)
 
 

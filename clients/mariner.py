@@ -257,7 +257,6 @@ def build_parser() -> cliutil.Parser:
                    help="event-type patterns, segments joined by '/' (e.g. 'sensors/*')")
     cliutil.add_connection_options(p, default_port=DEFAULT_PORT, port_help="Mariner port")
     p.add_argument("--client-id", default=CLI_CLIENT_ID, help="client_id sent in init")
-    p.add_argument("--token", help="the server's Mariner token, if it has one")
     p.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE", type=cliutil.event_id,
                    help="replay retained events after this one first")
     p.add_argument("--timeout", type=cliutil.positive_float, default=CONNECT_TIMEOUT,
@@ -273,6 +272,7 @@ def _own_errors(exc: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    cliutil.finish_connection_args(args)
     return cliutil.run(PROG, _subscribe, args, target=f"{args.host}:{args.port}",
                        errors=_own_errors)
 

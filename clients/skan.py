@@ -149,32 +149,46 @@ class SkanClient(ReceiveIterator):
         *,
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = CONNECT_TIMEOUT,
+        token: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
         """Connect, ask for the lname, and run the reader until the block exits.
 
         Raises :class:`NotSkanBroker` when the server does not answer getlname
         like a Skan broker within ``timeout`` seconds (a port speaking HTTP,
-        HSP or Chatter is reported instead of hanging).
+        HSP or Chatter is reported instead of hanging).  ``token`` is sent in
+        the getlname (the broker's ``[[users]]``); a client certificate goes in
+        ``ssl_context`` (see :func:`ssl_client_context`).  A refused credential
+        raises :class:`SkanClientError` ("not authorised: ...").
         """
         stream = await open_stream(host, port, ssl_context, timeout)
         client = cls(stream, **kwargs)
+        refused: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 client._nursery = nursery
                 nursery.start_soon(client._reader)
-                client.lname = await client._handshake(f"{host}:{port}", timeout)
-                yield client
+                try:
+                    client.lname = await client._handshake(f"{host}:{port}", timeout, token)
+                except (SkanClientError, NotSkanBroker) as exc:
+                    refused = exc
+                else:
+                    yield client
                 nursery.cancel_scope.cancel()
+            if refused is not None:
+                raise refused
         finally:
             client._closed = True
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, target: str, timeout: float) -> str:
+    async def _handshake(self, target: str, timeout: float, token: str | None) -> str:
         with trio.move_on_after(timeout):
             try:
-                return await self.getlname()
+                return await self.getlname(token)
             except SkanClosed as exc:
+                if self.errors:
+                    # A Skan broker that refused us (a credential): its reason.
+                    raise SkanClientError(self.errors[-1].reason) from None
                 what = exc.reason
                 if what == CLOSED:
                     what = "it closed the connection without answering getlname"
@@ -204,8 +218,11 @@ class SkanClient(ReceiveIterator):
         except trio.EndOfChannel:
             raise SkanClosed(self.close_reason or CLOSED) from None
 
-    async def getlname(self) -> str:
-        reply = await self._control({"type": "getlname"}, self._lname_waiters)
+    async def getlname(self, token: str | None = None) -> str:
+        message = {"type": "getlname"}
+        if token is not None:
+            message["token"] = token
+        reply = await self._control(message, self._lname_waiters)
         return reply.decode()
 
     async def barrier(self) -> None:
@@ -323,8 +340,13 @@ class SkanClient(ReceiveIterator):
                 self.errors.append(error)
 
 
-def ssl_client_context(ca: str | None = None, insecure: bool = False) -> ssl.SSLContext:
+def ssl_client_context(ca: str | None = None, insecure: bool = False,
+                       cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """TLS for a client: verify the broker with ``ca`` (system CAs by default)
+    and present the client certificate ``cert`` (with its ``key``) if given."""
     ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
     if insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

@@ -14,11 +14,13 @@ import logging
 import os
 import sys
 import time
+from functools import partial
 
 import attrs
 import trio
 
 from broker.cluster.service import ClusterStartError
+from broker.core.auth import hash_token
 from broker.runtime import app, config, workers
 from clients import cliutil
 
@@ -35,7 +37,8 @@ def build_parser() -> cliutil.Parser:
         prog=PROG,
         description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner). "
                     "Flags override the configuration file; defaults are the embedded "
-                    "configuration's.",
+                    "configuration's. 'skan-broker hash-token' reads a token on stdin and "
+                    "prints its token_sha256.",
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
     p.add_argument("--check-config", metavar="FILE",
@@ -156,6 +159,7 @@ def check_config(path: str) -> int:
     try:
         cfg = config.load(path)
         check_files(cfg)
+        config.check_exposure(cfg)
     except config.ConfigError as exc:
         print(f"{PROG}: {path}: {exc}", file=sys.stderr)
         return cliutil.EXIT_USAGE
@@ -165,13 +169,26 @@ def check_config(path: str) -> int:
     return cliutil.EXIT_OK
 
 
+def hash_token_main() -> int:
+    """``skan-broker hash-token``: read a token on stdin, print its ``token_sha256``."""
+    token = sys.stdin.readline().rstrip("\r\n")
+    if not token:
+        print("skan-broker hash-token: no token on standard input", file=sys.stderr)
+        return 2
+    print(hash_token(token))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["hash-token"]:
+        return hash_token_main()
     args = parse_args(argv)
     if args.check_config is not None:
         return check_config(args.check_config)
     try:
         cfg = build_config(args)
         check_files(cfg)
+        config.check_exposure(cfg)
     except config.ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return cliutil.EXIT_USAGE
@@ -187,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return workers.run_workers(cfg, _without_workers(sys.argv[1:] if argv is None else argv),
                                    args.workers)
     try:
-        trio.run(app.run, cfg)
+        trio.run(partial(app.run, cfg, reload=partial(build_config, args)))
     except BaseException as exc:
         return cliutil.report(PROG, exc, errors=_startup_error)
     return cliutil.EXIT_OK

@@ -33,7 +33,7 @@ def _example_keys() -> dict[str, set[str]]:
             section = m.group(1)
             keys.setdefault(section, set())
             continue
-        m = re.fullmatch(r"#?\s*([a-z_]+)\s*=.*", line)
+        m = re.fullmatch(r"#?\s*([a-z0-9_]+)\s*=.*", line)
         if m and section:
             keys[section].add(m.group(1))
     return keys
@@ -41,7 +41,8 @@ def _example_keys() -> dict[str, set[str]]:
 
 def test_example_config_names_every_key_of_every_section():
     keys = _example_keys()
-    sections = {**cfgmod._SECTIONS, "bridges": cfgmod.BridgeSection}
+    sections = {**cfgmod._SECTIONS, "bridges": cfgmod.BridgeSection,
+                "users": cfgmod.UserSection}
     for name, cls in sections.items():
         assert name in keys, f"section [{name}] missing from {EXAMPLE.name}"
         missing = {f.name for f in attrs.fields(cls)} - keys[name]
