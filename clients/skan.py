@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
+from wire.errors import RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
 
 DEFAULT_PORT = 9912
@@ -301,9 +302,9 @@ class SkanClient(ReceiveIterator):
                     await self._dispatch(decode(frame[4:]))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._ended("" if self._closed else f"lost the connection ({exc})")
-        except ValueError as exc:
-            # The bytes are not Skan (FrameError, SkanError, or the HSP
-            # carrier's ProtocolError): the stream cannot be trusted any more.
+        except RemoteProtocolError as exc:
+            # The bytes are not Skan (or, over HSP, not HSP): the stream
+            # cannot be trusted any more.
             self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
             await trio.aclose_forcefully(self._stream)
         finally:
