@@ -135,6 +135,8 @@ class SkanClient(ReceiveIterator):
         # Why the connection ended: None while open, "" when the broker closed it
         # cleanly, else what went wrong (the broker's bytes were not Skan...).
         self.close_reason: str | None = None
+        # The transport error that ended the connection (a reset, a refused TLS handshake).
+        self._broken: trio.BrokenResourceError | None = None
         self.lname = ""
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -171,7 +173,7 @@ class SkanClient(ReceiveIterator):
                 nursery.start_soon(client._reader)
                 try:
                     client.lname = await client._handshake(f"{host}:{port}", timeout, token)
-                except (SkanClientError, NotSkanBroker) as exc:
+                except (SkanClientError, NotSkanBroker, trio.BrokenResourceError) as exc:
                     refused = exc
                 else:
                     yield client
@@ -190,6 +192,9 @@ class SkanClient(ReceiveIterator):
                 if self.errors:
                     # A Skan broker that refused us (a credential): its reason.
                     raise SkanClientError(self.errors[-1].reason) from None
+                if self._broken is not None:
+                    # Reset or TLS refused (a client certificate...): not a protocol question.
+                    raise self._broken from self._broken.__cause__
                 what = exc.reason
                 if what == CLOSED:
                     what = "it closed the connection without answering getlname"
@@ -301,6 +306,8 @@ class SkanClient(ReceiveIterator):
                 for frame in self._splitter.receive_data(data):
                     await self._dispatch(decode(frame[4:]))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if isinstance(exc, trio.BrokenResourceError):
+                self._broken = exc
             self._ended("" if self._closed else f"lost the connection ({exc})")
         except RemoteProtocolError as exc:
             # The bytes are not Skan (or, over HSP, not HSP): the stream
