@@ -115,9 +115,10 @@ def _label(ax: Any, bars: Any, horizontal: bool = False) -> None:
         ax.margins(y=0.15)
 
 
-def sender_label(lname: str, proto: str) -> str:
-    """``proto  lname`` with the lname shortened, never the protocol."""
-    return f"{proto}  {_short(lname)}"
+def sender_label(lname: str, proto: str, user: str | None = None) -> str:
+    """``proto  user  lname`` with the lname shortened, never the protocol or the user."""
+    who = f"{user}  " if user else ""
+    return f"{proto}  {who}{_short(lname)}"
 
 
 def minute_series(rows: list[list[Any]]) -> list[list[Any]]:
@@ -154,7 +155,7 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
     senders = tables["top_senders"]
     if senders.rows:
         labelled = Table(senders.title, ["sender", "messages"],
-                         [[sender_label(r[0], r[1]), r[2]] for r in senders.rows])
+                         [[sender_label(r[0], r[1], r[2]), r[3]] for r in senders.rows])
         _barh(target("top_senders"), labelled, "sender", "messages",
               "Top senders by messages", "messages")
     if tables["undeliverable"].rows:

@@ -4,7 +4,7 @@ Computes, with Spark, over every finished log file:
 
 - totals (messages, bytes, deliveries, undeliverable, groups, senders, time span)
 - top groups by messages and by bytes
-- top senders (lname and protocol)
+- top senders (lname, protocol and user)
 - fan-out distribution (how many copies each message was delivered as)
 - protocol mix (what clients of each protocol sent and received)
 - a per-minute time series
@@ -99,7 +99,8 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
             progress: Callable[[str], None] = _silent) -> Report:
     """Run every aggregation; returns plain Python tables.  ``progress`` hears each step."""
     log = read_log(spark, log_dir).select(
-        "time", "lname", "proto", "group", "size", "recipients", "delivered", "undeliverable"
+        "time", "lname", "proto", "user", "group", "size", "recipients", "delivered",
+        "undeliverable"
     ).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         t = log.agg(
@@ -126,8 +127,8 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
             f"Top {top} groups by bytes", gcols,
             _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
 
-        senders = _traffic(log, "lname", "proto")
-        scols = ["lname", "proto", "messages", "bytes", "deliveries"]
+        senders = _traffic(log, "lname", "proto", "user")
+        scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
         tables["top_senders"] = Table(
             f"Top {top} senders by messages", scols,
             _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))

@@ -62,6 +62,7 @@ def test_sender_label_keeps_the_protocol():
     label = sender_label("6b01ecd1_2@a-very-long-host-name.example.com", "mariner")
     assert label.startswith("mariner  6b01ecd1_2@")
     assert len(label) < 40
+    assert sender_label("6b01_2@h", "skan", "sensor-7") == "skan  sensor-7  6b01_2@h"
 
 
 @pytest.mark.spark
