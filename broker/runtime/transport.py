@@ -32,6 +32,7 @@ from broker.core.router import Router
 from clients.common import idle_pinger
 
 if TYPE_CHECKING:
+    from broker.runtime.config import ProtocolListener
     from broker.runtime.context import BrokerContext
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,13 @@ async def run_connection(
                 with reader_scope:
                     while ep.closing is None:
                         if gate.closed:
+                            # The broker's own pause is not the peer's delay.
+                            paused = trio.current_time()
                             await gate.wait_open()
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                         deadline = handshake_deadline if not ep.opened else float("inf")
                         if frame_started is not None and frame_timeout is not None:
                             deadline = min(deadline, frame_started + frame_timeout)
@@ -374,7 +381,12 @@ async def run_connection(
                             # one began in it: its clock starts now.
                             frame_started = ep.last_rx
                         if router.congested:
+                            paused = trio.current_time()
                             await relieve_congestion(router, grace)
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or CloseReason.CLOSED)
                 ep.queue.wakeup()
@@ -508,17 +520,18 @@ async def _refuse(stream: trio.abc.Stream, refusal: bytes | None) -> None:
 async def serve_protocol(
     ctx: BrokerContext,
     protocol: Protocol,
-    section: Any,
+    section: ProtocolListener,
     new_endpoint: Callable[[], QueuedEndpoint],
     *,
+    keep_alive: tuple[float, float] | None = None,
     refusal: bytes | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve one protocol's listener(s) until cancelled: the one accept path of every protocol.
 
     ``section`` is the listener's config section (port, TLS, per-listener
-    ``max_connections``, and ``ping_delay``/``ping_timeout`` for protocols
-    with keep-alive).  ``new_endpoint()`` makes a fresh endpoint, which this
+    ``max_connections``); ``keep_alive`` is ``(ping_delay, ping_timeout)``
+    for protocols that ping idle peers.  ``new_endpoint()`` makes a fresh endpoint, which this
     attaches to the router and runs with :func:`run_connection`.  A
     connection over a limit gets ``refusal`` (the protocol's own way of
     saying "too many connections", if any) and is closed; counted.
@@ -527,10 +540,7 @@ async def serve_protocol(
     router = ctx.router
     listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key,
                                      reuse_port=cfg.reuse_port)
-    keep_alive = (
-        (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
-    )
-    listener_max = getattr(section, "max_connections", None)
+    listener_max = section.max_connections
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)
 
