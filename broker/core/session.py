@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from broker.core.router import SUBTYPES, Endpoint, Router
+from broker.core.router import SUBTYPES, Endpoint, NotPermitted, Router
 from wire.skan import Nested, decode_header, encode_frame
 
 
@@ -26,6 +26,8 @@ class Rejected:
     reason: str
     seq: bytes | None = None
     close: bool = False
+    # A refusal of section 7 (credentials or permissions): HSP answers ERROR 4.
+    denied: bool = False
 
     def error_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "error", "error": self.reason}
@@ -77,7 +79,10 @@ class SkanSession:
                 and b"msg" in header
                 and type(header.get(b"seq")) is bytes
             ):
-                self.router.route(self.endpoint, frame, header)
+                try:
+                    self.router.route(self.endpoint, frame, header)
+                except NotPermitted as exc:
+                    return Rejected(exc.reason, header[b"seq"], denied=True)
                 return None
             return self._bad_send(header)
         seq = header.get(b"seq")
@@ -85,6 +90,13 @@ class SkanSession:
         if not self.named:
             if mtype != b"getlname":
                 return Rejected("the first message must be getlname", seq, close=True)
+            # Section 7: getlname may carry the credential, a DATA field 'token'.
+            token = header.get(b"token")
+            if token is not None and type(token) is not bytes:
+                return Rejected("field 'token' of a getlname must be DATA", seq, close=True)
+            refused = self.router.login(self.endpoint, token)
+            if refused is not None:
+                return Rejected(refused, seq, close=True, denied=True)
             self.named = True
             self.endpoint.send_control({"lname": self.endpoint.lname})
             return None
@@ -143,5 +155,8 @@ class SkanSession:
             return Rejected(
                 f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
             )
-        self.router.subscribe(self.endpoint, group, instance, subtype)
+        try:
+            self.router.subscribe(self.endpoint, group, instance, subtype)
+        except NotPermitted as exc:
+            return Rejected(exc.reason, seq, denied=True)
         return None

@@ -118,6 +118,7 @@ class BrokerCollector(Collector):
         per = dict(sorted(per.items()))
         yield from self._connections(router, per)
         yield from self._traffic(router, per)
+        yield from self._security(router)
         yield from self._queues(router)
         latency = router.latency
         if isinstance(latency, RouteLatency):
@@ -187,6 +188,27 @@ class BrokerCollector(Collector):
         yield _counter("skan_accept_errors",
                        "accept() calls that failed for lack of descriptors or memory "
                        "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
+
+    def _security(self, router: Router) -> Iterator[Metric]:
+        """Section 7: refused credentials and refused sends/subscriptions."""
+        c = router.counters
+        failures = CounterMetricFamily(
+            "skan_auth_failures",
+            "Connections refused for their credentials (wrong token, anonymous where not "
+            "allowed, max_connections of the user, required client certificate missing).",
+            labels=["protocol"])
+        listeners = [p for p in self.protocols if not p.startswith("bridge-")]
+        for proto in sorted({*listeners, *c.auth_failures}):
+            failures.add_metric([proto], c.auth_failures.get(proto, 0))
+        yield failures
+        denied = CounterMetricFamily(
+            "skan_permission_denied",
+            "Sends (publish) and subscriptions (subscribe) refused by the user's permissions.",
+            labels=["protocol", "action"])
+        keys = {f"{p}:{a}" for p in self.protocols for a in ("publish", "subscribe")}
+        for key in sorted(keys | set(c.permission_denied)):
+            denied.add_metric(list(_split(key)), c.permission_denied.get(key, 0))
+        yield denied
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters
