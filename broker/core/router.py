@@ -39,6 +39,9 @@ SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
 
 STAR = b"*"
 
+# (group, instance, to, is_reply): what a message's recipients depend on.
+RouteKey = tuple[bytes, bytes, bytes, bool]
+
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
 # When full it is simply cleared; rebuilding an entry is one index walk.
@@ -572,6 +575,7 @@ class Router:
         frame: bytes,
         header: dict[bytes, Any],
         origin: tuple[int, int, int, float] | None = None,
+        key: RouteKey | None = None,
     ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
 
@@ -582,10 +586,13 @@ class Router:
         caller validated them).  Never blocks and never raises for a slow
         recipient: ``deliver`` applies the policy.  ``origin`` (server,
         session, instance, timestamp) keeps the EventId and timestamp a
-        message got on the broker it entered (cluster backplane).
+        message got on the broker it entered (cluster backplane).  ``key`` is
+        ``(group, instance, to, is_reply)`` when the caller already has it
+        (the Skan session's decoder builds it in C).
         """
-        reply = b"repl" in header or b"reply" in header
-        key = (header[b"group"], header[b"instance"], header[b"to"], reply)
+        if key is None:
+            key = (header[b"group"], header[b"instance"], header[b"to"],
+                   b"repl" in header or b"reply" in header)
         perms = sender.perms
         # Hot path: a cached "allowed" verdict costs one dict lookup, no call.
         if perms is not None and perms.publish_verdicts.get(key[0]) is not True:
@@ -597,7 +604,7 @@ class Router:
             self._in_batch = True
             self.session += 1
             self._instance = 0
-        self._instance += 1
+        self._instance = instance = self._instance + 1
         size = len(frame)
         c = self.counters
         c.msgs_in += 1
@@ -605,7 +612,7 @@ class Router:
         sender.msgs_in += 1
         sender.bytes_in += size
         if origin is None:
-            routed = Routed(frame, header, sender, recips, 0, self.session, self._instance,
+            routed = Routed(frame, header, sender, recips, 0, self.session, instance,
                             self.clock(), self.server_id)
         else:
             routed = Routed(frame, header, sender, recips, 0, origin[1], origin[2],
