@@ -6,6 +6,7 @@ import gc
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 import trio
@@ -15,6 +16,7 @@ from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
 from broker.runtime.services import services
+from broker.store import Store, default_dir
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +36,40 @@ async def run(
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
     ctx = BrokerContext(config=config, router=Router())
-    retention = RetentionStore(config.retention.size)
-    retention.attach(ctx.router)
-    ctx.components["retention"] = retention
+    store = open_retention(config, ctx.router)
+    ctx.components["retention"] = store
+    try:
+        await _run(config, ctx, ready, stop, ctx_out)
+    finally:
+        if isinstance(store, Store):
+            # Commit what is queued (a graceful stop loses nothing).
+            store.close()
+
+
+def open_retention(config: Config, router: Router) -> Store | RetentionStore:
+    """The durable store, or the in-memory ring when ``[store] enabled = false``.
+
+    A store that cannot be used raises StoreError (an OSError naming the path
+    and the reason) before anything listens: never silently emptied.
+    """
+    ret = config.retention
+    if not config.store.enabled:
+        ring = RetentionStore(ret.size, ret.max_bytes, ret.max_age)
+        ring.attach(router)
+        return ring
+    directory = config.store.dir or default_dir(config.log.dir)
+    started = time.monotonic()
+    store = Store(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
+                  flush_interval=config.store.flush_interval)
+    store.attach(router)
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",
+             store.path, time.monotonic() - started, store.count, router.session)
+    return store
+
+
+async def _run(config: Config, ctx: BrokerContext, ready: Callable[[list[str]], None],
+               stop: trio.Event | None, ctx_out: list[BrokerContext] | None) -> None:
     if ctx_out is not None:
         ctx_out.append(ctx)
     if stop is None:

@@ -23,9 +23,10 @@ from broker.core.queue import DROP, QueuedEndpoint
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
-from broker.protocols.eventer.query import LatestTable, run_query
+from broker.protocols.eventer.query import LatestTable, run_query, run_store_query
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.store import Store
 from wire import eventer as w
 from wire.chatter import ChatterError
 from wire.skan import decode_header
@@ -54,10 +55,17 @@ class EventerService:
         self.server_id = ctx.config.broker.server_id
         self.token = ctx.config.eventer.token
         self.status = w.Status.OPERATIONAL
-        self.store: RetentionStore = ctx.components["retention"]
-        self.latest = LatestTable(self.store.size)
+        self.store: RetentionStore | Store = ctx.components["retention"]
+        # Durable: queries from the store, persisted notifications after commit.
+        # In memory: the ring plus a latest table, and nothing is persisted.
+        self.durable = isinstance(self.store, Store)
+        self.latest = LatestTable(0 if self.durable else self.store.size)
         self.latest.attach(self.router)
         self.connections: set[EventerConnection] = set()
+        # Connections that asked for persisted notifications (MsgInitReq persisted).
+        self.persisted: set[EventerConnection] = set()
+        if isinstance(self.store, Store):
+            self.store.on_report.append(self.on_persisted)
         # Every Eventer recipient of a message gets the same bytes: the last
         # encoding is kept (deliveries of one message are consecutive).
         self._last_routed: Routed | None = None
@@ -71,6 +79,16 @@ class EventerService:
 
     def encode_entry(self, entry: Entry) -> bytes:
         return fast_encode_routed(view(entry), self.server_id)
+
+    def on_persisted(self, upto: tuple[int, int], ok: bool) -> None:
+        """The store committed (or failed to commit) every message up to EventId ``upto``."""
+        for conn in list(self.persisted):
+            conn.persisted_upto(upto, ok)
+
+    def query(self, params: w.QueryParams):
+        if isinstance(self.store, Store):
+            return run_store_query(params, self.store, self.server_id)
+        return run_query(params, self.store, self.latest, self.server_id)
 
     def stopping(self) -> None:
         """Graceful stop began: tell every client (MsgStatusNotify stopping)."""
@@ -98,6 +116,11 @@ class EventerConnection(QueuedEndpoint):
         self.backlog: deque[list[bytes]] = deque()
         self.backlog_bytes = 0
         self.seq = 0
+        # MsgInitReq persisted: batches wait in ``unpersisted`` (with the
+        # EventId of their last message) until the store has committed them.
+        self.persisted = False
+        self.unpersisted: deque[tuple[tuple[int, int], list[bytes]]] = deque()
+        self._batch_last = (0, 0)
         # Set by the trio layer to its clock; any monotonic clock works.
         self.now: Callable[[], float] = time.monotonic
         # Set by the trio layer: called when a conversation deadline was added.
@@ -109,12 +132,46 @@ class EventerConnection(QueuedEndpoint):
         if self.closed:
             return
         self.batch.append(self.service.encode(routed))
+        self._batch_last = (routed.session, routed.instance)
         self.msgs_out += 1
 
     def flush(self) -> None:
         batch, self.batch = self.batch, []
         if not batch or self.closed:
             return
+        if self.persisted:
+            self.unpersisted.append((self._batch_last, batch))
+            size = sum(map(len, batch))
+            self.backlog_bytes += size
+            if self.backlog_bytes > self.queue.limit:
+                self._overflow(size)
+            return
+        self._send_batch(batch)
+
+    def persisted_upto(self, upto: tuple[int, int], ok: bool) -> None:
+        """Notify (``ok``) or forget (not persisted) the batches committed up to ``upto``."""
+        held = self.unpersisted
+        while held and held[0][0] <= upto and not self.closed:
+            _, batch = held.popleft()
+            self.backlog_bytes -= sum(map(len, batch))
+            if ok:
+                self._send_batch(batch)
+            else:
+                self.dropped += len(batch)
+                self.router.counters.drop("eventer", "not-persisted")
+
+    def _overflow(self, size: int) -> None:
+        counters = self.router.counters
+        if self.policy == DROP:
+            _, batch = self.unpersisted.pop()
+            self.backlog_bytes -= size
+            self.dropped += len(batch)
+            counters.dropped += len(batch)
+            return
+        counters.slow_consumer_disconnects += 1
+        self.kill("slow-consumer")
+
+    def _send_batch(self, batch: list[bytes]) -> None:
         if self.proto.credit > 0 and not self.backlog:
             self._notify(batch)
             return
@@ -212,7 +269,14 @@ class EventerConnection(QueuedEndpoint):
             self.proto.refuse(req.conv, reason)
             self.closing = "init-refused"
             return
-        if r.server_id is None or r.server_id == self.service.server_id:
+        self.persisted = r.persisted
+        if r.persisted and not self.service.durable:
+            # Without the store nothing is persisted: no persisted notifications.
+            log.info("eventer %s (%s): persisted notifications asked for, but the store is "
+                     "disabled: none will come", self.lname.decode(), r.client_name)
+        elif r.server_id is None or r.server_id == self.service.server_id:
+            if r.persisted:
+                self.service.persisted.add(self)
             for pattern in r.subscriptions:
                 self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
         self.proto.accept(req.conv, self.service.status)
@@ -246,7 +310,7 @@ class EventerConnection(QueuedEndpoint):
 
     def _query(self, req: w.QueryRequest) -> None:
         svc = self.service
-        answer = run_query(req.params, svc.store, svc.latest, svc.server_id)
+        answer = svc.query(req.params)
         self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
                                 answer.more_follows)
 
@@ -315,6 +379,7 @@ async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
             )
         finally:
             service.connections.discard(ep)
+            service.persisted.discard(ep)
 
     task_status.started([("eventer", *listener_address(lst)) for lst in listeners])
     await ctx.serve(listeners, handle)
