@@ -124,20 +124,21 @@ def open_store(directory: str) -> sqlite3.Connection:
             raise StoreError(directory, "not a broker store: the directory holds other files "
                              f"({', '.join(foreign[:5])}) and no {DB_NAME}")
     try:
-        conn = connect(path)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(path, f"cannot open the database: {exc}") from None
-    try:
         if fresh:
+            conn = connect(path)
             _create(conn)
         else:
-            _verify(conn, path)
+            # Check before anything is written: switching a foreign database
+            # to WAL would already change its file.  (Reading replays our own
+            # WAL after a crash: SQLite's recovery, nothing is lost.)
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                _verify(conn, path)
+            finally:
+                conn.close()
+            conn = connect(path)
     except sqlite3.DatabaseError as exc:
-        conn.close()
         raise StoreError(path, f"damaged or not a database: {exc}") from None
-    except StoreError:
-        conn.close()
-        raise
     return conn
 
 
