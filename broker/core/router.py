@@ -21,15 +21,14 @@ from typing import Any
 
 import attrs
 
+from broker.core.reasons import CloseReason
+
 NORMAL = 0
 MEONLY = 1
 PROMISC = 2
 SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
-SUBTYPE_NAMES = {v: k.decode() for k, v in SUBTYPES.items()}
 
 STAR = b"*"
-
-PROTOCOLS = ("skan", "hsp", "eventer", "mariner", "bridge-hsp", "bridge-eventer", "bridge-mariner")
 
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
@@ -110,6 +109,10 @@ class Counters:
     # "protocol:reason" -> count; see protocol_error() and drop().
     errors: dict[str, int] = attrs.Factory(dict)
     drops: dict[str, int] = attrs.Factory(dict)
+    # "protocol:reason" -> connections refused at accept (max_connections).
+    refused: dict[str, int] = attrs.Factory(dict)
+    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
+    accept_errors: int = 0
 
     def protocol_error(self, protocol: str, reason: str) -> None:
         """Count one protocol error.  ``reason`` is a short fixed label
@@ -117,6 +120,11 @@ class Counters:
         self.protocol_errors += 1
         key = f"{protocol}:{reason}"
         self.errors[key] = self.errors.get(key, 0) + 1
+
+    def refuse(self, protocol: str, reason: str) -> None:
+        """Count one connection refused at accept (a RefusalReason label)."""
+        key = f"{protocol}:{reason}"
+        self.refused[key] = self.refused.get(key, 0) + 1
 
     def drop(self, protocol: str, reason: str) -> None:
         """Count one message dropped for a reason other than a full outgoing queue
@@ -219,7 +227,7 @@ class Router:
         acc[endpoint.protocol] = acc.get(endpoint.protocol, 0) + 1
         return lname
 
-    def detach(self, endpoint: Endpoint, reason: str = "closed") -> None:
+    def detach(self, endpoint: Endpoint, reason: str = CloseReason.CLOSED) -> None:
         """Remove a connection and every subscription it holds.  Idempotent."""
         if self.endpoints.get(endpoint.lname) is not endpoint:
             return

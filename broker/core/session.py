@@ -11,19 +11,12 @@ a :class:`Rejected` for a well-formed message with a semantic fault.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from broker.core.router import SUBTYPES, Endpoint, Router
 from wire.skan import Nested, decode_header, encode_frame
-
-
-class ControlEndpoint(Protocol):
-    lname: bytes
-
-    def send_control(self, message: dict[str, Any]) -> None:
-        """Queue a broker-originated message (reply or error) to this connection."""
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
+from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.services import services
 from broker.store import Store, default_dir
 
@@ -35,11 +36,14 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router())
+    config = apply_descriptor_limit(config)
+    enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
+    ctx = BrokerContext(config=config, router=Router(),
+                        services=tuple(name for name, _ in enabled))
     store = open_retention(config, ctx.router)
-    ctx.components["retention"] = store
+    ctx.retention = store
     try:
-        await _run(config, ctx, ready, stop, ctx_out)
+        await _run(config, ctx, enabled, ready, stop, ctx_out)
     finally:
         if isinstance(store, Store):
             # Commit what is queued (a graceful stop loses nothing).
@@ -68,8 +72,9 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
     return store
 
 
-async def _run(config: Config, ctx: BrokerContext, ready: Callable[[list[str]], None],
-               stop: trio.Event | None, ctx_out: list[BrokerContext] | None) -> None:
+async def _run(config: Config, ctx: BrokerContext, enabled: list,
+               ready: Callable[[list[str]], None], stop: trio.Event | None,
+               ctx_out: list[BrokerContext] | None) -> None:
     if ctx_out is not None:
         ctx_out.append(ctx)
     if stop is None:
@@ -78,9 +83,7 @@ async def _run(config: Config, ctx: BrokerContext, ready: Callable[[list[str]], 
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:
             lines = []
-            for name, enabled, serve in services():
-                if not enabled(config):
-                    continue
+            for name, serve in enabled:
                 addrs = await svc_nursery.start(serve, ctx)
                 log.info("service %s started", name)
                 lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]

@@ -21,9 +21,9 @@ class BridgeSpool:
     name: str
 
     @classmethod
-    def of(cls, components: dict, name: str) -> BridgeSpool:
-        store = components.get("retention")
-        return cls(store if isinstance(store, Store) else None, name)
+    def of(cls, retention: object, name: str) -> BridgeSpool:
+        """The spool of bridge ``name`` in the broker's retention (None without the store)."""
+        return cls(retention if isinstance(retention, Store) else None, name)
 
     def restore(self) -> list[Routed]:
         """Messages accepted for the bridge and not acknowledged before the restart."""

@@ -22,7 +22,6 @@ from broker.core.router import Endpoint, Router
 from broker.protocols.eventer.query import LatestTable, run_query, run_store_query
 from broker.store import Store
 from wire import eventer as w
-from wire.skan import decode_header
 
 GROUPS = ["a", "b", "c"]
 INSTANCES = ["*", "x", "x/y", "z", "z/y/q"]
@@ -130,10 +129,10 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
                     clock.now += clock_step
                     seq += 1
                     etype = (group,) if instance == "*" else (group, *instance.split("/"))
-                    frame = events.send_frame_for_event(
+                    sent = events.send_for_event(
                         etype, events.JsonPayload("p" * nbytes), sender=sender.lname, seq=seq,
                         source_timestamp=None if src is None else BASE + src / 4)
-                    routed = router.route(sender, frame, decode_header(frame, 4))
+                    routed = router.route(sender, sent.frame, sent.header)
                     ids.append((routed.session, routed.instance))
                 router.end_batch()
                 continue

@@ -11,7 +11,6 @@ from broker.core import events
 from broker.core.router import Endpoint, Router
 from broker.store import Store, StoreError
 from broker.store.store import SESSION_LEASE
-from wire.skan import decode_header
 
 
 class Sender(Endpoint):
@@ -38,9 +37,9 @@ def open_store(path, clock=None, **kw) -> Store:
 def route(router: Router, sender: Sender, n: int, group: str = "g", size: int = 10) -> list:
     out = []
     for i in range(n):
-        frame = events.send_frame_for_event((group, str(i % 3)), events.JsonPayload("x" * size),
-                                            sender=sender.lname, seq=i)
-        out.append(router.route(sender, frame, decode_header(frame, 4)))
+        sent = events.send_for_event((group, str(i % 3)), events.JsonPayload("x" * size),
+                                     sender=sender.lname, seq=i)
+        out.append(router.route(sender, sent.frame, sent.header))
         router.end_batch()
     return out
 

@@ -6,7 +6,7 @@ lives as long as the broker.  It connects as a Mariner client
 the configured ``subscriptions`` (default ``[[group, "*"]]``), ``token``
 and ``client_name``; every received event becomes a Skan send (``to`` "*",
 ``from`` the bridge's lname) into the group and instance its type maps to
-(:func:`broker.core.events.send_frame_for_event`, the shared mapping; a source
+(:func:`broker.core.events.send_for_event`, the shared mapping; a source
 timestamp travels in the ``source-timestamp`` tag).  One
 ``events`` message (one remote session) is one local routing batch.
 
@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import logging
 
-from broker.core.events import MappingError, send_frame_for_event, timestamp_from_parts
+from broker.core.events import MappingError, send_for_event, timestamp_from_parts
+from broker.core.inject import route_injected
+from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.router import Endpoint, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
 from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
@@ -38,7 +40,7 @@ from broker.runtime.transport import relieve_congestion
 from broker.store.spool import BridgeSpool
 from clients.mariner import MarinerClient
 from wire import mariner as mw
-from wire.skan import decode_header
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 class MarinerBridgeEndpoint(Endpoint):
     """The bridge as a routing endpoint: a source of events, never a destination."""
 
-    protocol = "bridge-mariner"
+    protocol = Protocol.BRIDGE_MARINER
 
     def __init__(self, router: Router) -> None:
         super().__init__()
@@ -54,7 +56,7 @@ class MarinerBridgeEndpoint(Endpoint):
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         # A Mariner server accepts nothing from its clients.
-        self.router.counters.drop(self.protocol, "one-way")
+        self.router.counters.drop(self.protocol, DropReason.ONE_WAY)
 
 
 class MarinerBridge:
@@ -76,12 +78,6 @@ class MarinerBridge:
         self.last_event_id: mw.EventId | None = None if resume is None else mw.EventId(*resume)
         self.skipped = 0
         self._seq = 0
-
-    def attach(self) -> None:
-        self.router.attach(self.ep)
-
-    def detach(self) -> None:
-        self.router.detach(self.ep, "bridge-stopped")
 
     # ---- incoming -------------------------------------------------------------
 
@@ -106,24 +102,25 @@ class MarinerBridge:
         self._seq += 1
         try:
             source = event.source_timestamp
-            frame = send_frame_for_event(
+            message = send_for_event(
                 event.type, payload_from_mariner(event.payload), sender=self.ep.lname,
                 seq=self._seq,
                 source_timestamp=(
                     None if source is None else timestamp_from_parts(source.s, source.us)
                 ),
             )
-        except (MappingError, ValueError) as exc:
+        except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))
             return
-        if len(frame) > self.max_frame:
-            self._refuse(event, f"its Skan message of {len(frame)} bytes exceeds max_frame")
+        size = len(message.frame)
+        if size > self.max_frame:
+            self._refuse(event, f"its Skan message of {size} bytes exceeds max_frame")
             return
-        self.router.route(self.ep, frame, decode_header(frame, 4))
+        route_injected(self.router, self.ep, message)
         self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str) -> None:
-        self.router.counters.protocol_error("bridge-mariner", "unroutable-event")
+        self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)
         self.status.last_error = f"event {event.id} not routed: {reason}"
         log.warning("bridge %s: event %s (type %s) not routed: %s",
                     self.status.name, event.id, list(event.type), reason)
@@ -164,10 +161,7 @@ async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
         ctx.router, cfg, status, max_frame=ctx.config.broker.max_frame,
         ping_delay=section.ping_delay, ping_timeout=section.ping_timeout,
         grace=ctx.config.broker.slow_consumer_grace,
-        spool=BridgeSpool.of(ctx.components, status.name),
+        spool=BridgeSpool.of(ctx.retention, status.name),
     )
-    bridge.attach()
-    try:
-        await run_bridge(status, cfg, bridge.session)
-    finally:
-        bridge.detach()
+    # Mariner clients only receive: the bridge subscribes to nothing locally.
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session, subscribe=False)
