@@ -4,9 +4,9 @@ Layout (docs/store.md has the full description):
 
 - ``meta(key, value)``: the marker (``magic``), ``schema_version``, the
   session ceiling and the running totals of the events table;
-- ``events``: every retained routed message, ``seq`` in routing (= EventId)
-  order, indexed by EventId, by (group, timestamp), by timestamp and by
-  source timestamp;
+- ``events``: every retained routed message, clustered by EventId
+  (session, instance), which is routing order; indexed by (group,
+  timestamp), by timestamp and by source timestamp;
 - ``latest``: the newest message per (group, instance), least recently
   updated evicted first;
 - ``spool``: the bridges' unacknowledged messages, per bridge;
@@ -29,19 +29,17 @@ SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE events (
-    seq INTEGER PRIMARY KEY,
     session INTEGER NOT NULL,
     instance INTEGER NOT NULL,
     ts REAL NOT NULL,
-    ts_us INTEGER NOT NULL,
     src_us INTEGER,
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,
     delivered INTEGER NOT NULL,
     size INTEGER NOT NULL,
-    frame BLOB NOT NULL
-);
-CREATE UNIQUE INDEX events_id ON events (session, instance);
+    frame BLOB NOT NULL,
+    PRIMARY KEY (session, instance)
+) WITHOUT ROWID;
 CREATE INDEX events_ts ON events (ts, session, instance);
 CREATE INDEX events_grp_ts ON events (grp, ts, session, instance);
 CREATE INDEX events_src ON events (src_us, session, instance) WHERE src_us IS NOT NULL;

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from broker.core.events import source_timestamp, timestamp_parts
+from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp, timestamp_parts
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
@@ -66,6 +66,11 @@ Report = tuple[tuple[int, int], bool]
 def _us(t: float) -> int:
     s, us = timestamp_parts(t)
     return s * 1_000_000 + us
+
+
+def _src_us(header: dict) -> int | None:
+    src = source_timestamp(header)
+    return None if src is None else _us(src)
 
 
 @attrs.define
@@ -115,9 +120,11 @@ class Store:
         self.evicted_upto: tuple[int, int] | None = None if es is None else (int(es), int(ei))
         self._ceiling = int(meta["session_ceiling"])
         self._max_session = 0
-        row = self._conn.execute("SELECT count(*), max(seq) FROM latest").fetchone()
-        self._latest_count = row[0]
-        self._latest_seq = row[1] or 0
+        # The types in the latest table (bounded by size) and its update counter.
+        self._latest_keys: set[tuple[bytes, bytes]] = set(
+            self._conn.execute("SELECT grp, inst FROM latest"))
+        self._latest_seq = self._conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
         self._added_bytes = 0  # written by the trio thread only
         self._taken_bytes = 0  # written by the writer thread only
@@ -252,33 +259,38 @@ class Store:
                 self._evict_only()
             return
         batch = [ops.popleft() for _ in range(n)]
-        events: list[tuple] = []
+        # Per message, only what SQLite needs: this loop holds the GIL that
+        # routing needs too.
+        rows: list[tuple] = []
         latest: dict[tuple[bytes, bytes], tuple] = {}
         spool_add: list[tuple] = []
         spool_del: list[tuple] = []
         resume: dict[str, tuple] = {}
         runs: list[Report] = []
+        last_ok: tuple[int, int] | None = None
         taken = 0
+        order = self._latest_seq
         max_session = self._max_session
         for op in batch:
             kind = op[0]
             if kind == EVENT:
                 _, session, instance, ts, frame, delivered, grp, inst, header = op
-                src = source_timestamp(header)
                 size = len(frame)
                 taken += size
-                events.append((session, instance, ts, _us(ts), None if src is None else _us(src),
-                               grp, inst, delivered, size, frame))
-                self._latest_seq += 1
-                key = (grp, inst)
-                latest.pop(key, None)
-                latest[key] = (grp, inst, self._latest_seq, session, instance, ts, delivered,
-                               frame)
-                if session > max_session:
-                    max_session = session
-                _extend(runs, (session, instance), True)
+                rows.append((session, instance, ts,
+                             None if SOURCE_TIMESTAMP_TAG not in header else _src_us(header),
+                             grp, inst, delivered, size, frame))
+                order += 1
+                latest[grp, inst] = (grp, inst, order, session, instance, ts, delivered, frame)
+                last_ok = (session, instance)
             elif kind == LOST:
-                _extend(runs, (op[1], op[2]), False)
+                if last_ok is not None:
+                    runs.append((last_ok, True))
+                    last_ok = None
+                if runs and not runs[-1][1]:
+                    runs[-1] = ((op[1], op[2]), False)
+                else:
+                    runs.append(((op[1], op[2]), False))
                 self.stats.overload += 1
             elif kind == SPOOL_ADD:
                 taken += len(op[5])
@@ -287,14 +299,19 @@ class Store:
                 spool_del.append(op[1:])
             else:
                 resume[op[1]] = op[1:]
+        if last_ok is not None:
+            runs.append((last_ok, True))
+        if rows and rows[-1][0] > max_session:
+            max_session = rows[-1][0]
+        events = rows
         self._taken_bytes += taken
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             if events:
                 conn.executemany(
-                    "INSERT OR IGNORE INTO events (session, instance, ts, ts_us, src_us, grp, "
-                    "inst, delivered, size, frame) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
+                    "INSERT OR IGNORE INTO events (session, instance, ts, src_us, grp, inst, "
+                    "delivered, size, frame) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
                 conn.executemany(
                     "INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, inst) DO UPDATE SET "
@@ -311,9 +328,9 @@ class Store:
             if resume:
                 conn.executemany("INSERT OR REPLACE INTO resume VALUES (?, ?, ?, ?)",
                                  resume.values())
-            count, nbytes = self.count + len(events), self.bytes + sum(e[8] for e in events)
+            count, nbytes = self.count + len(events), self.bytes + sum(e[7] for e in events)
             count, nbytes, evicted, upto = self._evict(count, nbytes)
-            latest_count = self._evict_latest(latest)
+            latest_keys = self._evict_latest(latest)
             ceiling = self._ceiling
             if max_session + SESSION_LEASE // 2 > ceiling:
                 ceiling = max_session + SESSION_LEASE
@@ -326,7 +343,8 @@ class Store:
                 self._reports.append((runs[-1][0], False))
             return
         self.count, self.bytes, self._ceiling = count, nbytes, ceiling
-        self._latest_count = latest_count
+        self._latest_keys = latest_keys
+        self._latest_seq = order
         self._max_session = max_session
         if evicted != self.evicted:
             self.stats.evicted = self.evicted = evicted
@@ -364,32 +382,39 @@ class Store:
         evicted, upto = self.evicted, self.evicted_upto
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
             return count, nbytes, evicted, upto
-        last_seq = None
-        cur = self._conn.execute("SELECT seq, size, session, instance, ts FROM events "
-                                 "ORDER BY seq")
-        for seq, esize, session, instance, ts in cur:
+        last = None
+        cur = self._conn.execute("SELECT size, session, instance, ts FROM events "
+                                 "ORDER BY session, instance")
+        for esize, session, instance, ts in cur:
             if not (count > size or (max_bytes and nbytes > max_bytes)
                     or (cutoff is not None and ts < cutoff)):
                 break
             count -= 1
             nbytes -= esize
             evicted += 1
-            last_seq, upto = seq, (session, instance)
+            last = upto = (session, instance)
         cur.close()
-        if last_seq is not None:
-            self._conn.execute("DELETE FROM events WHERE seq <= ?", (last_seq,))
+        if last is not None:
+            self._conn.execute("DELETE FROM events WHERE (session, instance) <= (?, ?)", last)
         return count, nbytes, evicted, upto
 
-    def _evict_latest(self, latest: dict) -> int:
-        conn = self._conn
-        if not latest:
-            return self._latest_count
-        n = conn.execute("SELECT count(*) FROM latest").fetchone()[0]
-        if n > self.size:
-            conn.execute("DELETE FROM latest WHERE seq IN "
-                         "(SELECT seq FROM latest ORDER BY seq LIMIT ?)", (n - self.size,))
-            n = self.size
-        return n
+    def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
+        """Keep at most ``size`` types, least recently updated out first (in the transaction).
+
+        Returns the new key set; the writer's copy changes only once committed.
+        """
+        keys = self._latest_keys
+        new = [k for k in latest if k not in keys]
+        if not new:
+            return keys
+        keys = keys | set(new)
+        excess = len(keys) - self.size
+        if excess > 0:
+            gone = self._conn.execute(
+                "DELETE FROM latest WHERE seq IN (SELECT seq FROM latest ORDER BY seq LIMIT ?) "
+                "RETURNING grp, inst", (excess,)).fetchall()
+            keys -= set(gone)
+        return keys
 
     def _write_meta(self, count: int, nbytes: int, evicted: int,
                     upto: tuple[int, int] | None, ceiling: int) -> None:
@@ -426,7 +451,8 @@ class Store:
     def newest(self) -> Routed | None:
         self.flush()
         row = self._read.execute(
-            f"SELECT {self._ENTRY} FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+            f"SELECT {self._ENTRY} FROM events ORDER BY session DESC, instance DESC LIMIT 1"
+        ).fetchone()
         return None if row is None else view(row)
 
     def entries_after(self, session: int, instance: int, limit: int | None = None
@@ -479,11 +505,11 @@ class Store:
         # Index ranges on ts with a microsecond of slack, then the exact test
         # on ts_us (the reported, rounded timestamp).
         if t_from is not None:
-            cond.append("ts >= ? AND ts_us >= ?")
-            args += [(t_from - 2) / 1e6, t_from]
+            cond.append("ts >= ?")
+            args.append((t_from - 2) / 1e6)
         if t_to is not None:
-            cond.append("ts <= ? AND ts_us <= ?")
-            args += [(t_to + 2) / 1e6, t_to]
+            cond.append("ts <= ?")
+            args.append((t_to + 2) / 1e6)
         if s_from is not None:
             cond.append("src_us >= ?")
             args.append(s_from)
@@ -525,6 +551,10 @@ class Store:
             rows = heapq.merge(*(run(g) for g in dict.fromkeys(groups)),
                                key=lambda r: (r[8], r[0], r[1]), reverse=descending)
         for r in rows:
+            if t_from is not None or t_to is not None:
+                ts_us = _us(r[2])  # the exact test, on the reported (rounded) timestamp
+                if (t_from is not None and ts_us < t_from) or (t_to is not None and ts_us > t_to):
+                    continue
             yield r[:7], r[7]
 
     # ---- bridges --------------------------------------------------------------------
@@ -544,10 +574,3 @@ class Store:
                                  (bridge,)).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
-
-def _extend(runs: list[Report], eid: tuple[int, int], ok: bool) -> None:
-    """Collapse consecutive ids with the same outcome into one report (its last id)."""
-    if runs and runs[-1][1] is ok:
-        runs[-1] = (eid, ok)
-    else:
-        runs.append((eid, ok))

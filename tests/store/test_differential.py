@@ -157,6 +157,20 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
                 persisted = w.QueryServerParams(SERVER, True, params.max_results,
                                                 params.last_event_id)
                 assert run_store_query(persisted, store, SERVER) == expected
+        # Page through everything in every order, two events per page, as a
+        # client following moreFollows with lastEventId does.
+        for order in w.Order:
+            for order_by in w.OrderBy:
+                for types in (None, (("a", "*"),)):
+                    last = None
+                    for _ in range(100):
+                        params = w.QueryTimeseriesParams(types, order=order, order_by=order_by,
+                                                         max_results=2, last_event_id=last)
+                        expected = run_query(params, ring, latest, SERVER)
+                        assert run_store_query(params, store, SERVER) == expected, params
+                        if not expected.more_follows:
+                            break
+                        last = w.EventId(SERVER, *expected.entries[-1][:2])
         store.flush()
         assert store.count == len(ring) and store.evicted == ring.evicted
     finally:
