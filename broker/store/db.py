@@ -4,9 +4,10 @@ Layout (docs/store.md has the full description):
 
 - ``meta(key, value)``: the marker (``magic``), ``schema_version``, the
   session ceiling and the running totals of the events table;
-- ``events``: every retained routed message, clustered by EventId
-  (session, instance), which is routing order; indexed by (group,
-  timestamp), by timestamp and by source timestamp;
+- ``runs``: the retained routed messages, consecutive messages of one
+  type and one session in one row (broker/store/runs.py), in routing
+  (= EventId) order; indexed by EventId, by first and by last timestamp
+  (alone and after the group) and by source timestamp;
 - ``latest``: the newest message per (group, instance), least recently
   updated evicted first;
 - ``spool``: the bridges' unacknowledged messages, per bridge;
@@ -28,21 +29,28 @@ SCHEMA_VERSION = 1
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
-CREATE TABLE events (
+CREATE TABLE runs (
+    run INTEGER PRIMARY KEY,
     session INTEGER NOT NULL,
-    instance INTEGER NOT NULL,
-    ts REAL NOT NULL,
-    src_us INTEGER,
+    first INTEGER NOT NULL,
+    last INTEGER NOT NULL,
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,
-    delivered INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    frame BLOB NOT NULL,
-    PRIMARY KEY (session, instance)
-) WITHOUT ROWID;
-CREATE INDEX events_ts ON events (ts, session, instance);
-CREATE INDEX events_grp_ts ON events (grp, ts, session, instance);
-CREATE INDEX events_src ON events (src_us, session, instance) WHERE src_us IS NOT NULL;
+    min_ts REAL NOT NULL,
+    max_ts REAL NOT NULL,
+    src_us INTEGER,
+    bytes INTEGER NOT NULL,
+    ts BLOB NOT NULL,
+    delivered BLOB NOT NULL,
+    offsets BLOB NOT NULL,
+    frames BLOB NOT NULL
+);
+CREATE UNIQUE INDEX runs_id ON runs (session, first);
+CREATE INDEX runs_min ON runs (min_ts, session, first);
+CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
+CREATE INDEX runs_max ON runs (max_ts, session, last);
+CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
+CREATE INDEX runs_src ON runs (src_us, session, first) WHERE src_us IS NOT NULL;
 CREATE TABLE latest (
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,
@@ -170,7 +178,7 @@ def _verify(conn: sqlite3.Connection, path: str) -> None:
     if version != SCHEMA_VERSION:
         raise StoreError(path, f"schema version {version!r}; this broker reads version "
                          f"{SCHEMA_VERSION} only")
-    missing = {"events", "latest", "spool", "resume"} - tables
+    missing = {"runs", "latest", "spool", "resume"} - tables
     if missing:
         raise StoreError(path, f"damaged: tables missing: {', '.join(sorted(missing))}")
 

@@ -38,6 +38,7 @@ from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp, timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
+from broker.store.runs import MAX_RUN_SPAN, RUN_COLUMNS, RunBuilder, decode, sizes_and_times
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
@@ -183,14 +184,11 @@ class Store:
     # ---- the hot path (trio thread) ------------------------------------------------
 
     def add(self, routed: Routed) -> None:
-        """Router observer: queue a routed message for the writer."""
+        """Router observer: queue a routed message for the writer (the object itself)."""
         if self._added_bytes - self._taken_bytes > MAX_PENDING_BYTES:
             self._ops.append((LOST, routed.session, routed.instance))
         else:
-            header = routed.header
-            self._ops.append((EVENT, routed.session, routed.instance, routed.timestamp,
-                              routed.frame, routed.delivered, header[b"group"],
-                              header[b"instance"], header))
+            self._ops.append(routed)
             self._added_bytes += len(routed.frame)
         if not self._signalled:
             self._signalled = True
@@ -260,7 +258,7 @@ class Store:
             return
         batch = [ops.popleft() for _ in range(n)]
         # Per message, only what SQLite needs: this loop holds the GIL that
-        # routing needs too.
+        # routing needs too (see broker/store/runs.py for why runs).
         rows: list[tuple] = []
         latest: dict[tuple[bytes, bytes], tuple] = {}
         spool_add: list[tuple] = []
@@ -270,20 +268,36 @@ class Store:
         last_ok: tuple[int, int] | None = None
         taken = 0
         order = self._latest_seq
-        max_session = self._max_session
+        run: RunBuilder | None = None
         for op in batch:
-            kind = op[0]
-            if kind == EVENT:
-                _, session, instance, ts, frame, delivered, grp, inst, header = op
+            if type(op) is Routed:
+                header = op.header
+                grp = header[b"group"]
+                inst = header[b"instance"]
+                session = op.session
+                instance = op.instance
+                ts = op.timestamp
+                frame = op.frame
                 size = len(frame)
                 taken += size
-                rows.append((session, instance, ts,
-                             None if SOURCE_TIMESTAMP_TAG not in header else _src_us(header),
-                             grp, inst, delivered, size, frame))
+                if SOURCE_TIMESTAMP_TAG in header:
+                    src = _src_us(header)
+                    if run is not None:
+                        rows.append(run.row())
+                    run = RunBuilder(session, instance, grp, inst, src, ts, op.delivered, frame)
+                elif run is not None and run.takes(session, instance, grp, inst, ts, size):
+                    run.add(instance, ts, op.delivered, frame)
+                else:
+                    if run is not None:
+                        rows.append(run.row())
+                    run = RunBuilder(session, instance, grp, inst, None, ts, op.delivered, frame)
                 order += 1
-                latest[grp, inst] = (grp, inst, order, session, instance, ts, delivered, frame)
+                latest[grp, inst] = (grp, inst, order, session, instance, ts, op.delivered,
+                                     frame)
                 last_ok = (session, instance)
-            elif kind == LOST:
+                continue
+            kind = op[0]
+            if kind == LOST:
                 if last_ok is not None:
                     runs.append((last_ok, True))
                     last_ok = None
@@ -299,19 +313,23 @@ class Store:
                 spool_del.append(op[1:])
             else:
                 resume[op[1]] = op[1:]
+        if run is not None:
+            rows.append(run.row())
         if last_ok is not None:
             runs.append((last_ok, True))
+        new_events = order - self._latest_seq
+        max_session = self._max_session
         if rows and rows[-1][0] > max_session:
             max_session = rows[-1][0]
-        events = rows
         self._taken_bytes += taken
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if events:
+            if rows:
                 conn.executemany(
-                    "INSERT OR IGNORE INTO events (session, instance, ts, src_us, grp, inst, "
-                    "delivered, size, frame) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
+                    "INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
+                    "bytes, ts, delivered, offsets, frames) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.executemany(
                     "INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, inst) DO UPDATE SET "
@@ -328,7 +346,7 @@ class Store:
             if resume:
                 conn.executemany("INSERT OR REPLACE INTO resume VALUES (?, ?, ?, ?)",
                                  resume.values())
-            count, nbytes = self.count + len(events), self.bytes + sum(e[7] for e in events)
+            count, nbytes = self.count + new_events, self.bytes + sum(r[8] for r in rows)
             count, nbytes, evicted, upto = self._evict(count, nbytes)
             latest_keys = self._evict_latest(latest)
             ceiling = self._ceiling
@@ -338,7 +356,7 @@ class Store:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._rollback()
-            self._failed(len(events), exc)
+            self._failed(new_events, exc)
             if runs:
                 self._reports.append((runs[-1][0], False))
             return
@@ -350,7 +368,7 @@ class Store:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
         self.stats.commits += 1
-        self.stats.events_written += len(events)
+        self.stats.events_written += new_events
         self.stats.bytes_written += taken
         self._reports.extend(runs)
 
@@ -376,26 +394,40 @@ class Store:
 
     def _evict(self, count: int, nbytes: int
                ) -> tuple[int, int, int, tuple[int, int] | None]:
-        """Delete the oldest events beyond size / max_bytes / max_age (inside the transaction)."""
+        """Evict the oldest events beyond size / max_bytes / max_age (inside the transaction).
+
+        The newest evicted EventId is the watermark below which readers see
+        nothing; runs wholly below it are deleted.
+        """
         size, max_bytes = self.size, self.max_bytes
         cutoff = self.clock() - self.max_age if self.max_age else None
         evicted, upto = self.evicted, self.evicted_upto
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
             return count, nbytes, evicted, upto
-        last = None
-        cur = self._conn.execute("SELECT size, session, instance, ts FROM events "
-                                 "ORDER BY session, instance")
-        for esize, session, instance, ts in cur:
-            if not (count > size or (max_bytes and nbytes > max_bytes)
-                    or (cutoff is not None and ts < cutoff)):
+        done_run = None
+        cur = self._conn.execute("SELECT run, session, first, last, ts, offsets FROM runs "
+                                 "ORDER BY run")
+        stop = False
+        for row in cur:
+            session, first, last, sizes, times = sizes_and_times(row[1:])
+            for i in range(last - first + 1):
+                eid = (session, first + i)
+                if upto is not None and eid <= upto:
+                    continue
+                if not (count > size or (max_bytes and nbytes > max_bytes)
+                        or (cutoff is not None and times[i] < cutoff)):
+                    stop = True
+                    break
+                count -= 1
+                nbytes -= sizes[i]
+                evicted += 1
+                upto = eid
+            if stop:
                 break
-            count -= 1
-            nbytes -= esize
-            evicted += 1
-            last = upto = (session, instance)
+            done_run = row[0]
         cur.close()
-        if last is not None:
-            self._conn.execute("DELETE FROM events WHERE (session, instance) <= (?, ?)", last)
+        if done_run is not None:
+            self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
         return count, nbytes, evicted, upto
 
     def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
@@ -448,21 +480,51 @@ class Store:
         # Committed messages (metrics read this: no flush on their path).
         return self.count
 
+    def _runs(self, sql: str, args: tuple | list = ()) -> Iterator[tuple]:
+        cur = self._read.execute(sql, args)
+        while True:
+            rows = cur.fetchmany(16)
+            if not rows:
+                return
+            yield from rows
+
+    def _events(self, sql: str, args: tuple | list = (), after: tuple[int, int] | None = None,
+                reverse: bool = False) -> Iterator[tuple[Entry, int | None]]:
+        """Events of the selected runs (not evicted, after ``after``), run by run."""
+        floor = self.evicted_upto
+        if after is None or (floor is not None and floor > after):
+            after = floor
+        for row in self._runs(sql, args):
+            yield from decode(row, after, reverse)
+
     def newest(self) -> Routed | None:
         self.flush()
+        for entry, _ in self._events(
+                f"SELECT {RUN_COLUMNS} FROM runs ORDER BY run DESC LIMIT 1", reverse=True):
+            return view(entry)
+        return None
+
+    def _run_at(self, session: int, instance: int) -> int | None:
+        """The ``run`` of the run holding EventId (session, instance) or the last before it."""
         row = self._read.execute(
-            f"SELECT {self._ENTRY} FROM events ORDER BY session DESC, instance DESC LIMIT 1"
-        ).fetchone()
-        return None if row is None else view(row)
+            "SELECT run FROM runs WHERE (session, first) <= (?, ?) "
+            "ORDER BY session DESC, first DESC LIMIT 1", (session, instance)).fetchone()
+        return None if row is None else row[0]
 
     def entries_after(self, session: int, instance: int, limit: int | None = None
                       ) -> list[Entry]:
         """Entries strictly after EventId (session, instance), oldest first (at most ``limit``)."""
         self.flush()
-        return self._read.execute(
-            f"SELECT {self._ENTRY} FROM events WHERE (session, instance) > (?, ?) "
-            "ORDER BY session, instance LIMIT ?",
-            (session, instance, -1 if limit is None else limit)).fetchall()
+        start = self._run_at(session, instance) or 0
+        found: list[Entry] = []
+        if limit == 0:
+            return found
+        for entry, _ in self._events(f"SELECT {RUN_COLUMNS} FROM runs WHERE run >= ? "
+                                     "ORDER BY run", (start,), after=(session, instance)):
+            found.append(entry)
+            if limit is not None and len(found) >= limit:
+                break
+        return found
 
     def after(self, session: int, instance: int, limit: int | None = None) -> Iterator[Routed]:
         return map(view, self.entries_after(session, instance, limit))
@@ -470,10 +532,13 @@ class Store:
     def entry(self, session: int, instance: int) -> tuple[Entry, int | None] | None:
         """One entry by EventId, with its source timestamp in microseconds."""
         self.flush()
-        row = self._read.execute(
-            f"SELECT {self._ENTRY}, src_us FROM events WHERE session = ? AND instance = ?",
-            (session, instance)).fetchone()
-        return None if row is None else (row[:7], row[7])
+        run = self._run_at(session, instance)
+        if run is None:
+            return None
+        for entry, src in self._events(f"SELECT {RUN_COLUMNS} FROM runs WHERE run = ?", (run,),
+                                       after=(session, instance - 1)):
+            return (entry, src) if entry[0] == session and entry[1] == instance else None
+        return None
 
     def latest_entries(self, groups: list[bytes] | None) -> list[Entry]:
         """The latest table (of the given groups only, or all)."""
@@ -493,69 +558,97 @@ class Store:
         """Events in (timestamp | source timestamp, session, instance) order, lazily.
 
         Times are microseconds (the resolution events are reported in); ``after``
-        is the key of the last event seen (keyset pagination): the key column
-        value, session and instance.  Uses the (group, ts), (ts) or (src) index.
+        is the key of the last event seen (keyset pagination): the key value,
+        session and instance.  Runs come from the (group,) first/last-timestamp
+        indexes in the order of their first (ascending) or last (descending)
+        event and are merged exactly (:func:`_merge`).
         """
         self.flush()
-        key = "src_us" if by_source else "ts"
         cond: list[str] = []
         args: list[Any] = []
         if by_source:
+            key_col, index_key = "src_us", "src_us, session, first"
             cond.append("src_us IS NOT NULL")
-        # Index ranges on ts with a microsecond of slack, then the exact test
-        # on ts_us (the reported, rounded timestamp).
-        if t_from is not None:
-            cond.append("ts >= ?")
-            args.append((t_from - 2) / 1e6)
-        if t_to is not None:
-            cond.append("ts <= ?")
-            args.append((t_to + 2) / 1e6)
-        if s_from is not None:
-            cond.append("src_us >= ?")
-            args.append(s_from)
-        if s_to is not None:
-            cond.append("src_us <= ?")
-            args.append(s_to)
-        cmp, direction = ("<", "DESC") if descending else (">", "ASC")
-        if after is not None:
-            cond.append(f"({key}, session, instance) {cmp} (?, ?, ?)")
-            args += list(after)
-        order = f"ORDER BY {key} {direction}, session {direction}, instance {direction}"
-        cols = f"{self._ENTRY}, src_us, {key}"
+            if s_from is not None:
+                cond.append("src_us >= ?")
+                args.append(s_from)
+            if s_to is not None:
+                cond.append("src_us <= ?")
+                args.append(s_to)
+            if after is not None:
+                cond.append(f"(src_us, session, first) {'<' if descending else '>'} (?, ?, ?)")
+                args += list(after)
+        else:
+            key_col = "max_ts" if descending else "min_ts"
+            index_key = ("max_ts, session, last" if descending else "min_ts, session, first")
+            if s_from is not None or s_to is not None:
+                # Only single-event runs carry a source timestamp.
+                cond.append("src_us IS NOT NULL")
+                if s_from is not None:
+                    cond.append("src_us >= ?")
+                    args.append(s_from)
+                if s_to is not None:
+                    cond.append("src_us <= ?")
+                    args.append(s_to)
+            # A microsecond of slack around the index ranges; the exact test is
+            # on each event's reported (rounded) timestamp below.  Runs span at
+            # most MAX_RUN_SPAN seconds.
+            lo = None if t_from is None else (t_from - 2) / 1e6
+            hi = None if t_to is None else (t_to + 2) / 1e6
+            if after is not None:
+                if descending:
+                    hi = after[0] if hi is None else min(hi, after[0])
+                else:
+                    lo = after[0] if lo is None else max(lo, after[0])
+            if lo is not None:
+                cond.append("max_ts >= ?")
+                args.append(lo)
+                if not descending:
+                    cond.append("min_ts >= ?")
+                    args.append(lo - MAX_RUN_SPAN)
+            if hi is not None:
+                cond.append("min_ts <= ?")
+                args.append(hi)
+                if descending:
+                    cond.append("max_ts <= ?")
+                    args.append(hi + MAX_RUN_SPAN)
+        direction = "DESC" if descending else "ASC"
+        order = ", ".join(f"{c.strip()} {direction}" for c in index_key.split(","))
+        cols = f"{RUN_COLUMNS}, {key_col}, session, {'last' if descending else 'first'}"
 
-        def run(group: bytes | None) -> Iterator[tuple]:
+        def runs_of(group: bytes | None) -> Iterator[tuple]:
             where = list(cond)
             gargs = list(args)
             if group is not None:
                 where.insert(0, "grp = ?")
                 gargs.insert(0, group)
-            sql = f"SELECT {cols} FROM events"
+            sql = f"SELECT {cols} FROM runs"
             if where:
                 sql += " WHERE " + " AND ".join(where)
-            cur = self._read.execute(f"{sql} {order}", gargs)
-            while True:
-                rows = cur.fetchmany(256)
-                if not rows:
-                    return
-                yield from rows
+            return self._runs(f"{sql} ORDER BY {order}", gargs)
 
         if groups is None or by_source:
-            rows: Iterator[tuple] = run(None)
+            runs: Iterator[tuple] = runs_of(None)
             if groups is not None:
                 wanted = set(groups)
-                rows = (r for r in rows if r[5] in wanted)
+                runs = (r for r in runs if r[3] in wanted)
         elif len(groups) == 1:
-            rows = run(groups[0])
+            runs = runs_of(groups[0])
         else:
-            # One index walk per group, merged in order.
-            rows = heapq.merge(*(run(g) for g in dict.fromkeys(groups)),
-                               key=lambda r: (r[8], r[0], r[1]), reverse=descending)
-        for r in rows:
+            # One index walk per group, merged in run order.
+            runs = heapq.merge(*(runs_of(g) for g in dict.fromkeys(groups)),
+                               key=lambda r: r[10:13], reverse=descending)
+        floor = self.evicted_upto
+        for entry, src in _merge(runs, descending, by_source, floor):
             if t_from is not None or t_to is not None:
-                ts_us = _us(r[2])  # the exact test, on the reported (rounded) timestamp
+                ts_us = _us(entry[2])  # the exact test, on the reported (rounded) timestamp
                 if (t_from is not None and ts_us < t_from) or (t_to is not None and ts_us > t_to):
                     continue
-            yield r[:7], r[7]
+            if after is not None:
+                key = (src if by_source else entry[2], entry[0], entry[1])
+                if (key <= after) if not descending else (key >= after):
+                    continue
+            yield entry, src
 
     # ---- bridges --------------------------------------------------------------------
 
@@ -574,3 +667,38 @@ class Store:
                                  (bridge,)).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
+
+def _merge(runs: Iterator[tuple], descending: bool, by_source: bool,
+           floor: tuple[int, int] | None) -> Iterator[tuple[Entry, int | None]]:
+    """The events of runs (sorted by their first event in the walk's order) in exact order.
+
+    Each run is internally sorted; a run's events are pushed into a heap
+    when the run arrives, and the heap gives up an event only once no later
+    run can hold a smaller one (every later run starts at or after it).
+    Runs do not overlap unless the clock stepped back, so the heap holds one
+    run most of the time.
+    """
+    sign = -1 if descending else 1
+    heap: list[tuple] = []
+    counter = 0
+
+    def push(it: Iterator[tuple[Entry, int | None]]) -> None:
+        nonlocal counter
+        for entry, src in it:
+            k = src if by_source else entry[2]
+            heapq.heappush(heap, ((sign * k, sign * entry[0], sign * entry[1]), counter,
+                                  entry, src, it))
+            counter += 1
+            return
+
+    for row in runs:
+        start = (sign * row[10], sign * row[11], sign * row[12])
+        while heap and heap[0][0] < start:
+            _, _, entry, src, it = heapq.heappop(heap)
+            yield entry, src
+            push(it)
+        push(decode(row[:10], floor, descending))
+    while heap:
+        _, _, entry, src, it = heapq.heappop(heap)
+        yield entry, src
+        push(it)

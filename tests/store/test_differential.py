@@ -48,7 +48,9 @@ message = st.tuples(
     st.sampled_from(GROUPS), st.sampled_from(INSTANCES),
     st.integers(0, 300),  # payload size
     st.one_of(st.none(), st.integers(0, 40)),  # source timestamp offset (s/4)
-    st.sampled_from([0.0, 0.0, 1e-7, 0.25, 1.0, -0.5]),  # clock step before it
+    st.sampled_from([0.0, 0.0, 1e-7, 0.25, 1.0, 1.5, -0.5]),  # clock step before each
+    # The same type this many times in a row: the store keeps such runs in one row.
+    st.sampled_from([1, 1, 2, 3, 7]),
 )
 batch = st.lists(message, min_size=1, max_size=6)
 # Mostly unbounded: each bound drawn at random would leave most answers empty.
@@ -125,15 +127,17 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
         seq = 0
         for kind, item in steps:
             if kind == "batch":
-                for group, instance, nbytes, src, clock_step in item:
-                    clock.now += clock_step
-                    seq += 1
-                    etype = (group,) if instance == "*" else (group, *instance.split("/"))
-                    sent = events.send_for_event(
-                        etype, events.JsonPayload("p" * nbytes), sender=sender.lname, seq=seq,
-                        source_timestamp=None if src is None else BASE + src / 4)
-                    routed = router.route(sender, sent.frame, sent.header)
-                    ids.append((routed.session, routed.instance))
+                for group, instance, nbytes, src, clock_step, repeat in item:
+                    for _ in range(repeat):
+                        clock.now += clock_step
+                        seq += 1
+                        etype = (group,) if instance == "*" else (group, *instance.split("/"))
+                        sent = events.send_for_event(
+                            etype, events.JsonPayload("p" * (nbytes + seq % 7)),
+                            sender=sender.lname, seq=seq,
+                            source_timestamp=None if src is None else BASE + src / 4)
+                        routed = router.route(sender, sent.frame, sent.header)
+                        ids.append((routed.session, routed.instance))
                 router.end_batch()
                 continue
             if item[0] == "replay":
