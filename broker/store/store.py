@@ -38,7 +38,15 @@ from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp, timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
-from broker.store.runs import MAX_RUN_SPAN, RUN_COLUMNS, RunBuilder, decode, sizes_and_times
+from broker.store.runs import (
+    MAX_RUN,
+    MAX_RUN_BYTES,
+    MAX_RUN_SPAN,
+    RUN_COLUMNS,
+    RunBuilder,
+    decode,
+    sizes_and_times,
+)
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
@@ -90,6 +98,10 @@ def default_dir(log_dir: str) -> str:
     """``[store] dir`` when not set: ``store`` beside the routing-log directory."""
     parent = os.path.dirname(os.path.normpath(log_dir))
     return os.path.join(parent, "store")
+
+
+def _nothing(value: object) -> None:
+    pass
 
 
 class Store:
@@ -265,42 +277,59 @@ class Store:
         spool_del: list[tuple] = []
         resume: dict[str, tuple] = {}
         runs: list[Report] = []
-        last_ok: tuple[int, int] | None = None
         taken = 0
         order = self._latest_seq
+        new_events = 0
         run: RunBuilder | None = None
+        # The open run in locals (the loop's hot part): next instance, type,
+        # first and last timestamp, events and bytes so far.
+        r_session = r_next = -1
+        r_grp = r_inst = b""
+        r_first = r_last = 0.0
+        r_n = r_bytes = 0
+        add_ts = add_delivered = add_frame = _nothing
+        max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
         for op in batch:
             if type(op) is Routed:
                 header = op.header
-                grp = header[b"group"]
-                inst = header[b"instance"]
-                session = op.session
-                instance = op.instance
                 ts = op.timestamp
                 frame = op.frame
                 size = len(frame)
                 taken += size
-                if SOURCE_TIMESTAMP_TAG in header:
-                    src = _src_us(header)
-                    if run is not None:
-                        rows.append(run.row())
-                    run = RunBuilder(session, instance, grp, inst, src, ts, op.delivered, frame)
-                elif run is not None and run.takes(session, instance, grp, inst, ts, size):
-                    run.add(instance, ts, op.delivered, frame)
-                else:
-                    if run is not None:
-                        rows.append(run.row())
-                    run = RunBuilder(session, instance, grp, inst, None, ts, op.delivered, frame)
-                order += 1
-                latest[grp, inst] = (grp, inst, order, session, instance, ts, op.delivered,
-                                     frame)
-                last_ok = (session, instance)
+                if (op.instance == r_next and op.session == r_session
+                        and header[b"group"] == r_grp and header[b"instance"] == r_inst
+                        and r_last <= ts <= r_first + max_span and r_n < max_run
+                        and r_bytes + size <= max_bytes and SOURCE_TIMESTAMP_TAG not in header):
+                    add_ts(ts)
+                    add_delivered(op.delivered)
+                    add_frame(frame)
+                    r_next += 1
+                    r_last = ts
+                    r_n += 1
+                    r_bytes += size
+                    continue
+                if run is not None:
+                    order += 1
+                    rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
+                new_events += r_n
+                r_session, r_grp, r_inst = op.session, header[b"group"], header[b"instance"]
+                src = _src_us(header) if SOURCE_TIMESTAMP_TAG in header else None
+                run = RunBuilder(r_session, op.instance, r_grp, r_inst, src, ts, op.delivered,
+                                 frame)
+                # A message with a source timestamp is a run of its own.
+                r_next = op.instance + 1 if src is None else -1
+                r_first = r_last = ts
+                r_n, r_bytes = 1, size
+                add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
+                                                    run.frames.append)
                 continue
             kind = op[0]
             if kind == LOST:
-                if last_ok is not None:
-                    runs.append((last_ok, True))
-                    last_ok = None
+                if run is not None:
+                    # Everything routed before the lost message is in this batch.
+                    ok_id = (run.session, r_next - 1 if run.src is None else run.first)
+                    if not runs or runs[-1][0] < ok_id:
+                        runs.append((ok_id, True))
                 if runs and not runs[-1][1]:
                     runs[-1] = ((op[1], op[2]), False)
                 else:
@@ -314,10 +343,12 @@ class Store:
             else:
                 resume[op[1]] = op[1:]
         if run is not None:
-            rows.append(run.row())
-        if last_ok is not None:
-            runs.append((last_ok, True))
-        new_events = order - self._latest_seq
+            order += 1
+            rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
+            new_events += r_n
+            ok_id = (run.session, run.last)
+            if not runs or runs[-1][0] < ok_id:
+                runs.append((ok_id, True))
         max_session = self._max_session
         if rows and rows[-1][0] > max_session:
             max_session = rows[-1][0]
@@ -371,6 +402,17 @@ class Store:
         self.stats.events_written += new_events
         self.stats.bytes_written += taken
         self._reports.extend(runs)
+
+    @staticmethod
+    def _close_run(run: RunBuilder, last: int, nbytes: int, order: int,
+                   latest: dict[tuple[bytes, bytes], tuple]) -> tuple:
+        """The row of a finished run; its last event becomes its type's latest."""
+        if run.src is None:
+            run.last = last
+        run.nbytes = nbytes
+        latest[run.grp, run.inst] = (run.grp, run.inst, order, run.session, run.last,
+                                     run.ts[-1], run.delivered[-1], run.frames[-1])
+        return run.row()
 
     def _evict_only(self) -> None:
         """Apply max_age while no traffic arrives (the writer's idle wake-up)."""
