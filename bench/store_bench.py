@@ -80,12 +80,15 @@ def build_store(directory: str, n: int) -> None:
     router.attach(sender)
     started = time.perf_counter()
     payload = events.JsonPayload("x" * PAYLOAD)
-    # Chunks of 100 messages per routing batch (as from one received chunk),
-    # committed every 20,000 messages.
+    # One message per type and per routing batch of 100 (a mix of types, the
+    # store's worst case: runs of one event); every 10th carries a source
+    # timestamp.  Frames are built once per type and reused.
+    templates = [
+        events.send_for_event((f"g{t % 10}", f"dev{t // 10}"), payload, sender=sender.lname,
+                              seq=t, source_timestamp=None if t % 10 else 1_700_000_000.0 + t)
+        for t in range(TYPES)]
     for i in range(n):
-        sent = events.send_for_event((f"g{i % 10}", f"dev{(i // 10) % 10}"), payload,
-                                     sender=sender.lname, seq=i,
-                                     source_timestamp=1_700_000_000.0 + i / 1000)
+        sent = templates[i % TYPES]
         router.route(sender, sent.frame, sent.header)
         if i % 100 == 99:
             router.end_batch()

@@ -596,14 +596,18 @@ class Store:
 
     def ordered(self, *, by_source: bool, descending: bool, groups: list[bytes] | None,
                 t_from: int | None, t_to: int | None, s_from: int | None, s_to: int | None,
-                after: tuple | None) -> Iterator[tuple[Entry, int | None]]:
+                after: tuple | None,
+                accept_type: Callable[[bytes, bytes], bool] | None = None
+                ) -> Iterator[tuple[Entry, int | None]]:
         """Events in (timestamp | source timestamp, session, instance) order, lazily.
 
         Times are microseconds (the resolution events are reported in); ``after``
         is the key of the last event seen (keyset pagination): the key value,
-        session and instance.  Runs come from the (group,) first/last-timestamp
-        indexes in the order of their first (ascending) or last (descending)
-        event and are merged exactly (:func:`_merge`).
+        session and instance; ``accept_type(group, instance)`` skips runs of
+        other types before they are decoded (a run has one type).  Runs come
+        from the (group,) first/last-timestamp indexes in the order of their
+        first (ascending) or last (descending) event and are merged exactly
+        (:func:`_merge`).
         """
         self.flush()
         cond: list[str] = []
@@ -680,6 +684,8 @@ class Store:
             # One index walk per group, merged in run order.
             runs = heapq.merge(*(runs_of(g) for g in dict.fromkeys(groups)),
                                key=lambda r: r[10:13], reverse=descending)
+        if accept_type is not None:
+            runs = (r for r in runs if accept_type(r[3], r[4]))
         floor = self.evicted_upto
         for entry, src in _merge(runs, descending, by_source, floor):
             if t_from is not None or t_to is not None:

@@ -85,13 +85,22 @@ class LatestTable:
 def _type_filter(event_types: tuple[w.EventType, ...] | None):
     if event_types is None:
         return None
-    patterns = [events.pattern_bytes(t) for t in event_types]
+    accept_type = _group_instance_filter(event_types)
 
     def accept(entry: Entry) -> bool:
-        etype = event_type(entry[GROUP], entry[INSTANCE_NAME])
-        return any(matches(p, etype) for p in patterns)
+        return accept_type(entry[GROUP], entry[INSTANCE_NAME])
 
     return accept
+
+
+def _group_instance_filter(event_types: tuple[w.EventType, ...]):
+    patterns = [events.pattern_bytes(t) for t in event_types]
+
+    def accept_type(group: bytes, instance: bytes) -> bool:
+        etype = event_type(group, instance)
+        return any(matches(p, etype) for p in patterns)
+
+    return accept_type
 
 
 def _limit(max_results: int | None) -> int:
@@ -250,7 +259,9 @@ def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: i
     found: list[Entry] = []
     for entry, _src in store.ordered(
             by_source=by_source, descending=params.order is w.Order.DESCENDING, groups=groups,
-            t_from=t_from, t_to=t_to, s_from=s_from, s_to=s_to, after=after):
+            t_from=t_from, t_to=t_to, s_from=s_from, s_to=s_to, after=after,
+            accept_type=None if params.event_types is None
+            else _group_instance_filter(params.event_types)):
         if accept is None or accept(entry):
             found.append(entry)
             if len(found) > limit:
