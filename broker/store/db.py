@@ -112,6 +112,9 @@ def connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
         if mode.lower() != "wal":
             raise sqlite3.OperationalError(f"cannot switch to WAL mode (got {mode})")
         conn.execute("PRAGMA synchronous = FULL")
+        # Some builds zero deleted content (SQLITE_SECURE_DELETE): evicting
+        # would then write every evicted byte once more.
+        conn.execute("PRAGMA secure_delete = OFF")
     return conn
 
 

@@ -447,12 +447,33 @@ class Store:
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
             return count, nbytes, evicted, upto
         done_run = None
-        cur = self._conn.execute("SELECT run, session, first, last, ts, offsets FROM runs "
-                                 "ORDER BY run")
-        stop = False
-        for row in cur:
-            session, first, last, sizes, times = sizes_and_times(row[1:])
-            for i in range(last - first + 1):
+        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts "
+                                 "FROM runs ORDER BY run")
+        for run, session, first, last, run_bytes, min_ts, max_ts in cur:
+            if upto is not None and (session, last) <= upto:
+                done_run = run
+                continue
+            n = last - first + 1
+            # Each bound is monotone along a run (fewer messages, fewer bytes,
+            # later timestamps): if one still calls for eviction at its last
+            # message, the whole run goes without decoding it.
+            if (upto is None or upto < (session, first)) and (
+                    count - n >= size or (max_bytes and nbytes - run_bytes >= max_bytes)
+                    or (cutoff is not None and max_ts < cutoff)):
+                count -= n
+                nbytes -= run_bytes
+                evicted += n
+                upto = (session, last)
+                done_run = run
+                continue
+            if not (count > size or (max_bytes and nbytes > max_bytes)
+                    or (cutoff is not None and min_ts < cutoff)):
+                break  # not even its first message goes
+            row = self._conn.execute("SELECT session, first, last, ts, offsets FROM runs "
+                                     "WHERE run = ?", (run,)).fetchone()
+            _, _, _, sizes, times = sizes_and_times(row)
+            stop = False
+            for i in range(n):
                 eid = (session, first + i)
                 if upto is not None and eid <= upto:
                     continue
@@ -466,7 +487,7 @@ class Store:
                 upto = eid
             if stop:
                 break
-            done_run = row[0]
+            done_run = run
         cur.close()
         if done_run is not None:
             self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
