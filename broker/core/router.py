@@ -87,6 +87,8 @@ class Routed:
     session: int
     instance: int
     timestamp: float
+    # Server id of the broker the message entered (EventId's first part).
+    server: int = 0
 
 
 @attrs.define
@@ -182,8 +184,15 @@ class _LnameFactory:
 class Router:
     """Subscription index plus the send rules of BROKER-SPEC section 1."""
 
-    def __init__(self, *, hostname: str | None = None, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        *,
+        hostname: str | None = None,
+        clock: Callable[[], float] = time.time,
+        server_id: int = 0,
+    ):
         self.clock = clock
+        self.server_id = server_id
         self.started = clock()
         self.counters = Counters()
         self._new_lname = _LnameFactory(hostname)
@@ -210,6 +219,10 @@ class Router:
         self.observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
+        # Called with (group, True/False) when a group gains its first or
+        # loses its last instance subscription, and with (pattern, ...) for
+        # each Hat pattern subscription made or removed (the cluster backplane).
+        self.interest: list[Callable[[bytes | tuple[bytes, ...], bool], None]] = []
         # Set by the metrics service (None = metrics off, no per-message cost):
         # group -> [messages routed, deliveries], and the routing-latency
         # buckets the transport fills per received chunk.
@@ -238,6 +251,9 @@ class Router:
         pats = self._patterns.pop(endpoint, None)
         if pats:
             self.subscription_count -= len(pats)
+            for callback in self.interest:
+                for pat in pats:
+                    callback(pat, False)
         self._changed()
         c = self.counters
         key = f"{endpoint.protocol}:{reason}"
@@ -260,7 +276,12 @@ class Router:
 
     def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> None:
         """Keyed (group, instance, endpoint): re-subscribing replaces the subtype."""
-        inst_map = self._subs.setdefault(group, {}).setdefault(instance, {})
+        gmap = self._subs.get(group)
+        if gmap is None:
+            gmap = self._subs[group] = {}
+            for callback in self.interest:
+                callback(group, True)
+        inst_map = gmap.setdefault(instance, {})
         if endpoint not in inst_map:
             self.subscription_count += 1
             self._owned.setdefault(endpoint, set()).add((group, instance))
@@ -280,6 +301,8 @@ class Router:
             del gmap[instance]
             if not gmap:
                 del self._subs[group]
+                for callback in self.interest:
+                    callback(group, False)
         return True
 
     def unsubscribe(self, endpoint: Endpoint, group: bytes, instance: bytes) -> None:
@@ -296,13 +319,18 @@ class Router:
         pattern = tuple(pattern)
         if pattern not in pats:
             self.subscription_count += 1
+            for callback in self.interest:
+                callback(pattern, True)
         pats[pattern] = subtype
         self._changed()
 
     def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
         pats = self._patterns.get(endpoint)
-        if pats and pats.pop(tuple(pattern), None) is not None:
+        pattern = tuple(pattern)
+        if pats and pats.pop(pattern, None) is not None:
             self.subscription_count -= 1
+            for callback in self.interest:
+                callback(pattern, False)
             self._changed()
 
     @property
@@ -375,12 +403,20 @@ class Router:
             self._cache[key] = recips
         return recips
 
-    def route(self, sender: Endpoint, frame: bytes, header: dict[bytes, Any]) -> Routed:
+    def route(
+        self,
+        sender: Endpoint,
+        frame: bytes,
+        header: dict[bytes, Any],
+        origin: tuple[int, int, int, float] | None = None,
+    ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
 
         ``header`` must hold DATA values for group, instance and to (the
         caller validated them).  Never blocks and never raises for a slow
-        recipient: ``deliver`` applies the policy.
+        recipient: ``deliver`` applies the policy.  ``origin`` (server,
+        session, instance, timestamp) keeps the EventId and timestamp a
+        message got on the broker it entered (cluster backplane).
         """
         reply = b"repl" in header or b"reply" in header
         key = (header[b"group"], header[b"instance"], header[b"to"], reply)
@@ -398,9 +434,12 @@ class Router:
         c.bytes_in += size
         sender.msgs_in += 1
         sender.bytes_in += size
-        routed = Routed(
-            frame, header, sender, recips, 0, self.session, self._instance, self.clock()
-        )
+        if origin is None:
+            routed = Routed(frame, header, sender, recips, 0, self.session, self._instance,
+                            self.clock(), self.server_id)
+        else:
+            routed = Routed(frame, header, sender, recips, 0, origin[1], origin[2],
+                            origin[3], origin[0])
         delivered = 0
         for ep in recips:
             if ep is not sender:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +21,14 @@ from broker.runtime.services import services
 from broker.store import Store, default_dir
 
 log = logging.getLogger(__name__)
+
+
+def new_router(config: Config) -> Router:
+    """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
+    server_id = config.broker.server_id
+    if config.cluster.enabled:
+        return Router(hostname=f"{socket.gethostname()}/{server_id}", server_id=server_id)
+    return Router(server_id=server_id)
 
 
 def _print_ready(lines: list[str]) -> None:
@@ -38,7 +47,7 @@ async def run(
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
     config = apply_descriptor_limit(config)
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
-    ctx = BrokerContext(config=config, router=Router(),
+    ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled))
     store = open_retention(config, ctx.router)
     ctx.retention = store

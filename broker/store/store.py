@@ -151,6 +151,7 @@ class Store:
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
         self._last_log = -LOG_INTERVAL
+        self._server = 0  # the router's server id (attach)
 
     # ---- life cycle ----------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class Store:
     def attach(self, router: Router) -> None:
         """Observe every routed message and continue the router's session numbering."""
         router.session = self.start_session(router.session)
+        self._server = router.server_id
         if self.size:
             router.observers.append(self.add)
 
@@ -196,7 +198,14 @@ class Store:
     # ---- the hot path (trio thread) ------------------------------------------------
 
     def add(self, routed: Routed) -> None:
-        """Router observer: queue a routed message for the writer (the object itself)."""
+        """Router observer: queue a routed message for the writer (the object itself).
+
+        Only messages that entered this broker: a cluster peer's messages keep
+        their own server's EventIds, whose sessions interleave with ours (each
+        broker of a cluster keeps what entered it).
+        """
+        if routed.server != self._server:
+            return
         if self._added_bytes - self._taken_bytes > MAX_PENDING_BYTES:
             self._ops.append((LOST, routed.session, routed.instance))
         else:
