@@ -50,7 +50,7 @@ CREATE INDEX runs_min ON runs (min_ts, session, first);
 CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
 CREATE INDEX runs_max ON runs (max_ts, session, last);
 CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
-CREATE INDEX runs_src ON runs (src_us, session, first) WHERE src_us IS NOT NULL;
+CREATE INDEX runs_src ON runs (src_us, session, first, grp, min_ts) WHERE src_us IS NOT NULL;
 CREATE TABLE latest (
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,

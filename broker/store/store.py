@@ -654,6 +654,17 @@ class Store:
             if after is not None:
                 cond.append(f"(src_us, session, first) {'<' if descending else '>'} (?, ?, ?)")
                 args += list(after)
+            # Runs with a source timestamp are single messages (min_ts = ts);
+            # both tests run on the index, with the exact ones below.
+            if t_from is not None:
+                cond.append("min_ts >= ?")
+                args.append((t_from - 2) / 1e6)
+            if t_to is not None:
+                cond.append("min_ts <= ?")
+                args.append((t_to + 2) / 1e6)
+            if groups is not None:
+                cond.append(f"grp IN ({', '.join('?' * len(groups))})")
+                args += groups
         else:
             key_col = "max_ts" if descending else "min_ts"
             index_key = ("max_ts, session, last" if descending else "min_ts, session, first")
@@ -705,9 +716,6 @@ class Store:
 
         if groups is None or by_source:
             runs: Iterator[tuple] = runs_of(None)
-            if groups is not None:
-                wanted = set(groups)
-                runs = (r for r in runs if r[3] in wanted)
         elif len(groups) == 1:
             runs = runs_of(groups[0])
         else:
