@@ -709,7 +709,12 @@ class Store:
             if group is not None:
                 where.insert(0, "grp = ?")
                 gargs.insert(0, group)
-            sql = f"SELECT {cols} FROM runs"
+            # The walk must follow the order's index (a page is the first rows
+            # of it), not an index that filters better and then sorts them all.
+            index = "runs_src" if by_source else (
+                ("runs_grp_max" if descending else "runs_grp_min") if group is not None
+                else ("runs_max" if descending else "runs_min"))
+            sql = f"SELECT {cols} FROM runs INDEXED BY {index}"
             if where:
                 sql += " WHERE " + " AND ".join(where)
             return self._runs(f"{sql} ORDER BY {order}", gargs)
