@@ -640,6 +640,8 @@ class Store:
         (:func:`_merge`).
         """
         self.flush()
+        if groups is not None and not groups:
+            return  # only empty patterns: they match no event type
         cond: list[str] = []
         args: list[Any] = []
         if by_source:
