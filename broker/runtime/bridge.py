@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
+from broker.core.inject import Injected, route_injected
 from broker.core.reasons import CloseReason
-from broker.core.router import NORMAL, Endpoint, Routed, Router
+from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
 from broker.store.spool import BridgeSpool
 from wire.errors import ProtocolError
@@ -43,6 +44,26 @@ class BridgeStatus:
     sent: int = 0
     received: int = 0
     last_error: str = ""
+    # Set once a refusal by the bridge's user's permissions has been logged.
+    denied_logged: bool = False
+
+
+def bridge_route(router: Router, ep: Endpoint, message: Injected, status: BridgeStatus) -> bool:
+    """Route a message the bridge received; False when the bridge's ``user``
+    may not send it (counted in skan_permission_denied_total, logged once)."""
+    try:
+        route_injected(router, ep, message)
+    except NotPermitted as exc:
+        _denied(status, exc)
+        return False
+    return True
+
+
+def _denied(status: BridgeStatus, exc: NotPermitted) -> None:
+    status.last_error = exc.reason
+    if not status.denied_logged:
+        status.denied_logged = True
+        log.warning("bridge %s: %s (further refusals are only counted)", status.name, exc.reason)
 
 
 class BufferedBridgeEndpoint(Endpoint):
@@ -102,6 +123,10 @@ async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
         if not cfg.tls:
             return await trio.open_tcp_stream(host, port)
         ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        if cfg.tls_cert is not None:
+            # A client certificate for peers that require one (e.g. another
+            # broker with tls_client_auth = "require").
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
         try:
             # Handshake now: a bad certificate is then a failed connect, so the
@@ -137,8 +162,13 @@ async def run_bridge(
     buffered even while it is unreachable.
     """
     router.attach(ep)
+    # Section 7: the bridge acts as its configured user (default: full rights).
+    router.login_bridge(ep, cfg.user)
     if subscribe:
-        router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+        try:
+            router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+        except NotPermitted as exc:
+            _denied(status, exc)
     try:
         await _reconnect_forever(status, cfg, session)
     finally:

@@ -32,6 +32,7 @@ from broker.core.router import Router
 from clients.common import idle_pinger
 
 if TYPE_CHECKING:
+    from broker.runtime.config import ProtocolListener
     from broker.runtime.context import BrokerContext
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,41 @@ ACCEPT_LOG_INTERVAL = 10.0
 REFUSAL_SEND_TIMEOUT = 1.0
 
 
-def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+# Seconds a client has to complete the TLS handshake before it is closed,
+# when the listener has no handshake_timeout of its own.
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+_VERIFY_MODES = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+                 "require": ssl.CERT_REQUIRED}
+
+
+def server_ssl_context(
+    cert: str, key: str, ca: str | None = None, client_auth: str = "none"
+) -> ssl.SSLContext:
+    """A listener's TLS context; with ``ca``, client certificates it signs are
+    asked for ("optional") or required ("require")."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
+    if ca is not None:
+        ctx.load_verify_locations(ca)
+    ctx.verify_mode = _VERIFY_MODES[client_auth]
     return ctx
+
+
+class TLSListener(trio.abc.Listener[trio.SSLStream]):
+    """A TLS listener whose context a configuration reload may replace
+    (new certificates and CAs apply to the next accepted connection)."""
+
+    def __init__(self, transport_listener: trio.abc.Listener, context: ssl.SSLContext) -> None:
+        self.transport_listener = transport_listener
+        self.context = context
+
+    async def accept(self) -> trio.SSLStream:
+        stream = await self.transport_listener.accept()
+        return trio.SSLStream(stream, self.context, server_side=True)
+
+    async def aclose(self) -> None:
+        await self.transport_listener.aclose()
 
 
 async def open_listeners(
@@ -69,6 +101,8 @@ async def open_listeners(
     tls_key: str | None = None,
     *,
     reuse_port: bool = False,
+    tls_ca: str | None = None,
+    client_auth: str = "none",
 ) -> list[trio.abc.Listener]:
     listeners: list[trio.abc.Listener]
     if reuse_port:
@@ -76,10 +110,8 @@ async def open_listeners(
     else:
         listeners = list(await trio.open_tcp_listeners(port, host=host))
     if tls_cert and tls_key:
-        ctx = server_ssl_context(tls_cert, tls_key)
-        listeners = [
-            trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners
-        ]
+        ctx = server_ssl_context(tls_cert, tls_key, tls_ca, client_auth)
+        listeners = [TLSListener(lst, ctx) for lst in listeners]
     return listeners
 
 
@@ -109,9 +141,52 @@ LISTEN_BACKLOG = 0xFFFF
 
 
 def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
-    inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
+    inner = getattr(listener, "transport_listener", listener)
     host, port = inner.socket.getsockname()[:2]
     return host, port
+
+
+def certificate_name(stream: trio.abc.Stream) -> str | None:
+    """Subject CN of the peer's verified client certificate, or None.
+
+    Only a certificate the handshake verified against the listener's CA is
+    returned by ``getpeercert`` (it is empty otherwise).
+    """
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    cert = stream.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
+
+
+async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Router,
+                        timeout: float | None = None) -> bool:
+    """Complete a TLS handshake up front (so the certificate is known before
+    the first message) and note the verified certificate's name on ``ep``.
+
+    False when the handshake fails or times out (counted; a failure where a
+    client certificate is required counts as an authentication failure).
+    """
+    if not isinstance(stream, trio.SSLStream):
+        return True
+    try:
+        with trio.fail_after(TLS_HANDSHAKE_TIMEOUT if timeout is None else timeout):
+            await stream.do_handshake()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+        if stream.context.verify_mode == ssl.CERT_REQUIRED:
+            router.counters.auth_failure(ep.protocol)
+        router.counters.protocol_error(ep.protocol, ErrorKind.TLS_HANDSHAKE)
+        cause = exc.__cause__ or exc
+        log.info("%s %s: TLS handshake failed: %s", ep.protocol, ep.lname.decode(), cause)
+        ep.closing = CloseReason.TLS_HANDSHAKE
+        return False
+    ep.cert_name = certificate_name(stream)
+    return True
 
 
 class AdmissionGate:
@@ -314,6 +389,10 @@ async def run_connection(
         ep.closing = reason
 
     try:
+        # TLS first (the client certificate names the user), within the
+        # same handshake deadline as the protocol's opening.
+        if not await tls_handshake(stream, ep, router, handshake_timeout):
+            return
         with conn_scope:
             async with trio.open_nursery() as nursery:
                 ep.kill = kill
@@ -326,7 +405,13 @@ async def run_connection(
                 with reader_scope:
                     while ep.closing is None:
                         if gate.closed:
+                            # The broker's own pause is not the peer's delay.
+                            paused = trio.current_time()
                             await gate.wait_open()
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                         deadline = handshake_deadline if not ep.opened else float("inf")
                         if frame_started is not None and frame_timeout is not None:
                             deadline = min(deadline, frame_started + frame_timeout)
@@ -374,7 +459,12 @@ async def run_connection(
                             # one began in it: its clock starts now.
                             frame_started = ep.last_rx
                         if router.congested:
+                            paused = trio.current_time()
                             await relieve_congestion(router, grace)
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or CloseReason.CLOSED)
                 ep.queue.wakeup()
@@ -508,33 +598,37 @@ async def _refuse(stream: trio.abc.Stream, refusal: bytes | None) -> None:
 async def serve_protocol(
     ctx: BrokerContext,
     protocol: Protocol,
-    section: Any,
+    section: ProtocolListener,
     new_endpoint: Callable[[], QueuedEndpoint],
     *,
+    keep_alive: tuple[float, float] | None = None,
     refusal: bytes | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve one protocol's listener(s) until cancelled: the one accept path of every protocol.
 
     ``section`` is the listener's config section (port, TLS, per-listener
-    ``max_connections``, and ``ping_delay``/``ping_timeout`` for protocols
-    with keep-alive).  ``new_endpoint()`` makes a fresh endpoint, which this
+    ``max_connections``); ``keep_alive`` is ``(ping_delay, ping_timeout)``
+    for protocols that ping idle peers.  ``new_endpoint()`` makes a fresh endpoint, which this
     attaches to the router and runs with :func:`run_connection`.  A
     connection over a limit gets ``refusal`` (the protocol's own way of
     saying "too many connections", if any) and is closed; counted.
     """
     cfg = ctx.config.broker
     router = ctx.router
-    listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key,
-                                     reuse_port=cfg.reuse_port)
-    keep_alive = (
-        (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
+    listeners = await open_listeners(
+        cfg.host, section.port, section.tls_cert, section.tls_key, reuse_port=cfg.reuse_port,
+        tls_ca=section.tls_ca, client_auth=section.tls_client_auth,
     )
-    listener_max = getattr(section, "max_connections", None)
+    # A configuration reload replaces their TLS contexts (broker.runtime.reload).
+    ctx.tls_listeners[str(protocol)] = [lst for lst in listeners if isinstance(lst, TLSListener)]
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)
 
     async def handle(stream: trio.abc.Stream) -> None:
+        # Limits as (re)loaded: a SIGHUP reload applies them to new connections.
+        cfg = ctx.config.broker
+        listener_max = getattr(getattr(ctx.config, str(protocol)), "max_connections", None)
         refused = limits.admit(protocol, listener_max)
         if refused is not None:
             router.counters.refuse(protocol, refused)

@@ -37,7 +37,6 @@ from collections import OrderedDict
 import trio
 
 from broker.core import events
-from broker.core.inject import route_injected
 from broker.core.reasons import Protocol
 from broker.core.router import Routed
 from broker.protocols.eventer.mapping import (
@@ -49,6 +48,7 @@ from broker.protocols.eventer.mapping import (
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
+    bridge_route,
     open_bridge_stream,
     run_bridge,
 )
@@ -128,8 +128,8 @@ class EventerBridge:
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            route_injected(self.router, self.ep, message)
-            self.status.received += 1
+            if bridge_route(self.router, self.ep, message, self.status):
+                self.status.received += 1
         self.router.end_batch()
 
     async def _notifications(self, client: EventerClient) -> None:

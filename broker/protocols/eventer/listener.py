@@ -24,9 +24,15 @@ from broker.core.inject import route_injected
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import Routed, Router
+from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
-from broker.protocols.eventer.query import LatestTable, run_query, run_store_query
+from broker.protocols.eventer.query import (
+    Answer,
+    LatestTable,
+    Visible,
+    run_query,
+    run_store_query,
+)
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
 from broker.store import Store
@@ -55,7 +61,6 @@ class EventerService:
         self.ctx = ctx
         self.router = ctx.router
         self.server_id = ctx.config.broker.server_id
-        self.token = ctx.config.eventer.token
         self.status = w.Status.OPERATIONAL
         assert ctx.retention is not None, "the retention store starts before the listeners"
         self.store: RetentionStore | Store = ctx.retention
@@ -89,10 +94,11 @@ class EventerService:
         for conn in list(self.persisted):
             conn.persisted_upto(upto, ok)
 
-    def query(self, params: w.QueryParams):
+    def query(self, params: w.QueryParams, visible: Visible = None) -> Answer:
+        """From the store (or the ring); ``visible`` leaves out what the client may not read."""
         if isinstance(self.store, Store):
-            return run_store_query(params, self.store, self.server_id)
-        return run_query(params, self.store, self.latest, self.server_id)
+            return run_store_query(params, self.store, self.server_id, visible)
+        return run_query(params, self.store, self.latest, self.server_id, visible)
 
     def stopping(self) -> None:
         """Graceful stop began: tell every client (MsgStatusNotify stopping)."""
@@ -243,21 +249,19 @@ class EventerEndpoint(QueuedEndpoint):
         r = req.request
         self.opened = True
         self.client_name = r.client_name
-        token = self.service.token
+        # Section 7: clientToken (or a client certificate) identifies the user.
+        refused = self.router.login(self, r.client_token)
+        if refused is not None:
+            self._refuse(req, refused, ErrorKind.NOT_AUTHORISED)
+            return
         reason = None
-        if token is not None and r.client_token != token:
-            reason = "client token does not match the server's"
         if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
             reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
                                 f"(at most {MAX_SUBSCRIPTIONS} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
-            self.router.counters.protocol_error(self.protocol, ErrorKind.INIT_REFUSED)
-            log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
-                     reason)
-            self.proto.refuse(req.conv, reason)
-            self.closing = CloseReason.INIT_REFUSED
+            self._refuse(req, reason, ErrorKind.INIT_REFUSED)
             return
         self.persisted = r.persisted
         if r.persisted and not self.service.durable:
@@ -268,9 +272,21 @@ class EventerEndpoint(QueuedEndpoint):
             if r.persisted:
                 self.service.persisted.add(self)
             for pattern in r.subscriptions:
-                self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                try:
+                    self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                except NotPermitted as exc:
+                    # A pattern reaching outside 'subscribe' refuses the init.
+                    self._refuse(req, exc.reason, ErrorKind.NOT_AUTHORISED)
+                    return
         self.proto.accept(req.conv, self.service.status)
         self.service.connections.add(self)
+
+    def _refuse(self, req: w.InitRequest, reason: str, kind: ErrorKind) -> None:
+        self.router.counters.protocol_error(self.protocol, kind)
+        log.info("eventer %s (%s): init refused: %s", self.lname.decode(), self.client_name,
+                 reason)
+        self.proto.refuse(req.conv, reason)
+        self.closing = CloseReason.INIT_REFUSED
 
     def _register(self, req: w.RegisterRequest) -> None:
         sends = []
@@ -287,6 +303,13 @@ class EventerEndpoint(QueuedEndpoint):
                     ))
             except events.MappingError as exc:
                 failure = str(exc)
+        if failure is None:
+            try:
+                # All or nothing: every event's group is checked before any is routed.
+                for message in sends:
+                    self.router.check_publish(self, message.header[b"group"])
+            except NotPermitted as exc:
+                failure = exc.reason
         if failure is not None:
             log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
                      self.client_name, failure)
@@ -300,7 +323,16 @@ class EventerEndpoint(QueuedEndpoint):
 
     def _query(self, req: w.QueryRequest) -> None:
         svc = self.service
-        answer = svc.query(req.params)
+        # Section 7: a query returns only what this client could have subscribed to.
+        visible = None
+        if self.perms is not None:
+            may_read = self.router.may_read
+
+            def visible(entry: Entry) -> bool:
+                header = view(entry).header
+                return may_read(self, header[b"group"], header[b"to"])
+
+        answer = svc.query(req.params, visible)
         self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
                                 answer.more_follows)
 
@@ -357,17 +389,19 @@ async def _conversation_timer(ep: EventerEndpoint) -> None:
 
 
 async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    b = ctx.config.broker
     service = EventerService(ctx)
     ctx.eventer = service
     ctx.on_stopping.append(service.stopping)
 
     def new_endpoint() -> EventerEndpoint:
+        b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         ep = EventerEndpoint(service, ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
         ep.now = trio.current_time
         return ep
 
     # No refusal message: Eventer can only refuse in MsgInitRes, an answer to
     # an init the connection has not sent yet; it is simply closed.
-    await serve_protocol(ctx, Protocol.EVENTER, ctx.config.eventer, new_endpoint,
+    section = ctx.config.eventer
+    await serve_protocol(ctx, Protocol.EVENTER, section, new_endpoint,
+                         keep_alive=(section.ping_delay, section.ping_timeout),
                          task_status=task_status)

@@ -24,6 +24,8 @@ return nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from broker.core import events
@@ -45,6 +47,14 @@ from wire import eventer as w
 # the response (about 60 bytes an event plus payloads) and the time one
 # query holds the event loop.  moreFollows tells the client to page on.
 QUERY_LIMIT = 10_000
+
+
+# Which retained entries the asking client may read (section 7); None: all.
+Visible = Callable[[Entry], bool] | None
+
+
+def _only(found: list[Entry], visible: Visible) -> list[Entry]:
+    return found if visible is None else [e for e in found if visible(e)]
 
 
 @attrs.frozen
@@ -113,9 +123,10 @@ def _cap(found: list[Entry], limit: int) -> Answer:
     return Answer(found[:limit], len(found) > limit)
 
 
-def query_latest(params: w.QueryLatestParams, latest: LatestTable) -> Answer:
+def query_latest(params: w.QueryLatestParams, latest: LatestTable,
+                 visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
-    found = [e for e in latest.entries() if accept is None or accept(e)]
+    found = _only([e for e in latest.entries() if accept is None or accept(e)], visible)
     found.sort(key=lambda e: (e[SESSION], e[INSTANCE]))
     return _cap(found, QUERY_LIMIT)
 
@@ -137,16 +148,16 @@ def _wire_us(t: w.Timestamp | None) -> int | None:
 
 
 def query_timeseries(params: w.QueryTimeseriesParams, store: RetentionStore,
-                     server_id: int) -> Answer:
+                     server_id: int, visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
     t_from = _wire_us(params.t_from)
     t_to = _wire_us(params.t_to)
-    found = [
+    found = _only([
         e for e in store.entries()
         if (accept is None or accept(e))
         and (t_from is None or _us(e[TIMESTAMP]) >= t_from)
         and (t_to is None or _us(e[TIMESTAMP]) <= t_to)
-    ]
+    ], visible)
     by_source = params.order_by is w.OrderBy.SOURCE_TIMESTAMP
     if by_source or params.source_t_from is not None or params.source_t_to is not None:
         # Only these need the routing header: events without a source
@@ -183,7 +194,8 @@ def query_timeseries(params: w.QueryTimeseriesParams, store: RetentionStore,
     return _cap(found, _limit(params.max_results))
 
 
-def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: int) -> Answer:
+def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: int,
+                 visible: Visible = None) -> Answer:
     if params.server_id != server_id or params.persisted:
         # In memory only: nothing is persisted.
         return Answer([], False)
@@ -194,16 +206,17 @@ def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: 
         found = []
     else:
         found = store.entries_after(last.session, last.instance)
-    return _cap(found, _limit(params.max_results))
+    return _cap(_only(found, visible), _limit(params.max_results))
 
 
 def run_query(params: w.QueryParams, store: RetentionStore, latest: LatestTable,
-              server_id: int) -> Answer:
+              server_id: int, visible: Visible = None) -> Answer:
+    """Answer a query; ``visible`` leaves out what the asking client may not read."""
     if isinstance(params, w.QueryLatestParams):
-        return query_latest(params, latest)
+        return query_latest(params, latest, visible)
     if isinstance(params, w.QueryTimeseriesParams):
-        return query_timeseries(params, store, server_id)
-    return query_server(params, store, server_id)
+        return query_timeseries(params, store, server_id, visible)
+    return query_server(params, store, server_id, visible)
 
 
 # ---- the durable store ---------------------------------------------------------------
@@ -223,15 +236,16 @@ def _literal_groups(event_types: tuple[w.EventType, ...] | None) -> list[bytes] 
     return list(dict.fromkeys(groups))
 
 
-def store_latest(params: w.QueryLatestParams, store: Store) -> Answer:
+def store_latest(params: w.QueryLatestParams, store: Store, visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
-    found = [e for e in store.latest_entries(_literal_groups(params.event_types))
-             if accept is None or accept(e)]
+    found = _only([e for e in store.latest_entries(_literal_groups(params.event_types))
+                   if accept is None or accept(e)], visible)
     found.sort(key=lambda e: (e[SESSION], e[INSTANCE]))
     return _cap(found, QUERY_LIMIT)
 
 
-def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: int) -> Answer:
+def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: int,
+                     visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
     groups = _literal_groups(params.event_types)
     t_from, t_to = _wire_us(params.t_from), _wire_us(params.t_to)
@@ -250,6 +264,7 @@ def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: i
         entry, src = hit
         ts_us = _us(entry[TIMESTAMP])
         if ((accept is not None and not accept(entry))
+                or (visible is not None and not visible(entry))
                 or (t_from is not None and ts_us < t_from)
                 or (t_to is not None and ts_us > t_to)
                 or (source_filter and (src is None or (s_from is not None and src < s_from)
@@ -262,30 +277,39 @@ def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: i
             t_from=t_from, t_to=t_to, s_from=s_from, s_to=s_to, after=after,
             accept_type=None if params.event_types is None
             else _group_instance_filter(params.event_types)):
-        if accept is None or accept(entry):
+        if (accept is None or accept(entry)) and (visible is None or visible(entry)):
             found.append(entry)
             if len(found) > limit:
                 break
     return _cap(found, limit)
 
 
-def store_server(params: w.QueryServerParams, store: Store, server_id: int) -> Answer:
+def store_server(params: w.QueryServerParams, store: Store, server_id: int,
+                 visible: Visible = None) -> Answer:
     if params.server_id != server_id:
         return Answer([], False)
     limit = _limit(params.max_results)
     last = params.last_event_id
     if last is not None and last.server > server_id:
         return Answer([], False)
-    if last is None or last.server < server_id:
-        found = store.entries_after(-1, -1, limit + 1)
-    else:
-        found = store.entries_after(last.session, last.instance, limit + 1)
+    cursor = (-1, -1) if last is None or last.server < server_id else (last.session,
+                                                                       last.instance)
+    found: list[Entry] = []
+    while len(found) <= limit:
+        # Pages of the EventId order until one more than the limit is visible.
+        page = store.entries_after(*cursor, limit + 1)
+        found += _only(page, visible)
+        if len(page) <= limit:
+            break
+        cursor = (page[-1][SESSION], page[-1][INSTANCE])
     return _cap(found, limit)
 
 
-def run_store_query(params: w.QueryParams, store: Store, server_id: int) -> Answer:
+def run_store_query(params: w.QueryParams, store: Store, server_id: int,
+                    visible: Visible = None) -> Answer:
+    """Answer a query from the durable store (same answers as :func:`run_query`)."""
     if isinstance(params, w.QueryLatestParams):
-        return store_latest(params, store)
+        return store_latest(params, store, visible)
     if isinstance(params, w.QueryTimeseriesParams):
-        return store_timeseries(params, store, server_id)
-    return store_server(params, store, server_id)
+        return store_timeseries(params, store, server_id, visible)
+    return store_server(params, store, server_id, visible)

@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from broker.core.inject import build_send, route_injected
+from broker.core.inject import build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.router import Routed, Router
@@ -42,6 +42,7 @@ from broker.protocols.hsp.listener import TOO_LARGE
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
+    bridge_route,
     open_bridge_stream,
     run_bridge,
 )
@@ -141,8 +142,8 @@ class HSPBridge:
         self._seq += 1
         message = build_send(self.ep.lname, self.group, self.instance, self._seq, payload,
                              {HSP_TYPE_TAG: str(hsp_type).encode()})
-        route_injected(self.router, self.ep, message)
-        self.status.received += 1
+        if bridge_route(self.router, self.ep, message, self.status):
+            self.status.received += 1
 
     # ---- one connection -------------------------------------------------------
 

@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 
 from broker.core.events import MappingError, send_for_event, timestamp_from_parts
-from broker.core.inject import route_injected
 from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.router import Endpoint, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
-from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
+from broker.runtime.bridge import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
@@ -116,8 +115,8 @@ class MarinerBridge:
         if size > self.max_frame:
             self._refuse(event, f"its Skan message of {size} bytes exceeds max_frame")
             return
-        route_injected(self.router, self.ep, message)
-        self.status.received += 1
+        if bridge_route(self.router, self.ep, message, self.status):
+            self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str) -> None:
         self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)
