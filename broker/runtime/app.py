@@ -7,19 +7,17 @@ import logging
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 
 import trio
 
-from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.reload import reload_config
 from broker.runtime.services import services
-from broker.store import Store, default_dir
+from broker.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -56,36 +54,12 @@ async def run(
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)
     ctx.router.auth = build_authenticator(config)
-    store = open_retention(config, ctx.router)
-    ctx.retention = store
     try:
         await _run(config, ctx, enabled, ready, stop, ctx_out)
     finally:
-        if isinstance(store, Store):
+        if isinstance(ctx.retention, Store):
             # Commit what is queued (a graceful stop loses nothing).
-            store.close()
-
-
-def open_retention(config: Config, router: Router) -> Store | RetentionStore:
-    """The durable store, or the in-memory ring when ``[store] enabled = false``.
-
-    A store that cannot be used raises StoreError (an OSError naming the path
-    and the reason) before anything listens: never silently emptied.
-    """
-    ret = config.retention
-    if not config.store.enabled:
-        ring = RetentionStore(ret.size, ret.max_bytes, ret.max_age)
-        ring.attach(router)
-        return ring
-    directory = config.store.dir or default_dir(config.log.dir)
-    started = time.monotonic()
-    store = Store(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
-                  flush_interval=config.store.flush_interval)
-    store.attach(router)
-    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
-    log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",
-             store.path, time.monotonic() - started, store.count, router.session)
-    return store
+            ctx.retention.close()
 
 
 async def _run(config: Config, ctx: BrokerContext, enabled: list,
