@@ -262,7 +262,26 @@ def send_frame_for_event(
     source_timestamp: float | None = None,
     extra: dict[bytes, bytes] | None = None,
 ) -> bytes:
-    """Build the Skan ``send`` frame an adapter routes for an incoming event.
+    """The Skan ``send`` frame of :func:`send_message_for_event`, unchecked.
+
+    Adapters route events through :meth:`broker.core.router.Router.build_frame`
+    instead, which also holds the frame to ``max_frame``.
+    """
+    return encode_frame(send_message_for_event(
+        etype, payload, sender=sender, seq=seq, source_timestamp=source_timestamp, extra=extra,
+    ))
+
+
+def send_message_for_event(
+    etype: tuple[str, ...] | list[str],
+    payload: Payload,
+    *,
+    sender: bytes,
+    seq: int,
+    source_timestamp: float | None = None,
+    extra: dict[bytes, bytes] | None = None,
+) -> dict[bytes, Any]:
+    """The Skan ``send`` message an adapter routes for an incoming event.
 
     ``to`` is "*" and ``from`` is the lname of the connection (or bridge)
     the event came in on.
@@ -287,4 +306,4 @@ def send_frame_for_event(
         message[SOURCE_TIMESTAMP_TAG] = format_timestamp(source_timestamp)
     if extra:
         message.update(extra)
-    return encode_frame(message)
+    return message

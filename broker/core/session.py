@@ -11,12 +11,69 @@ a :class:`Rejected` for a well-formed message with a semantic fault.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from broker.core.router import SUBTYPES, Endpoint, Router
 from wire.skan import Nested, decode_header, encode_frame
+
+# Bounded work per scheduling slice.  A listener handles at most this many
+# received messages (frames, HSP commands), or about this many of their
+# bytes, before it lets the event loop run other connections; the rest of the
+# chunk waits in its InputSlices until the next slice.  The numbers keep one
+# slice near a millisecond of work (a subscribe or stats costs ~5-20 us, a
+# routed send a few us per recipient), so one connection's burst -- thousands
+# of subscribes or stats requests in one write, or a run of multi-MiB
+# frames -- delays the others by about that much, not by the whole burst.
+SLICE_ITEMS = 64
+SLICE_BYTES = 1 << 20
+
+T = TypeVar("T")
+
+
+class InputSlices(Generic[T]):
+    """Decoded input of one connection not yet handled, handed out in bounded slices."""
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.pos = 0
+
+    def add(self, items: list[T]) -> None:
+        if self.pos < len(self.items):
+            self.items = self.items[self.pos :] + items
+        else:
+            self.items = items
+        self.pos = 0
+
+    def next_slice(self, size: Callable[[T], int] = len) -> list[T]:  # type: ignore[assignment]
+        """The next items to handle: at most SLICE_ITEMS, and stopping after the
+        item that reaches SLICE_BYTES (one oversized item is a slice of its own)."""
+        items, start = self.items, self.pos
+        end = min(len(items), start + SLICE_ITEMS)
+        budget = SLICE_BYTES
+        i = start
+        while i < end:
+            budget -= size(items[i])
+            i += 1
+            if budget <= 0:
+                break
+        self.pos = i
+        if i == start == 0 and len(items) == i:
+            return items
+        return items[start:i]
+
+    @property
+    def pending(self) -> bool:
+        """More items wait for a later slice."""
+        return self.pos < len(self.items)
+
+    def clear(self) -> None:
+        self.items = []
+        self.pos = 0
 
 
 class ControlEndpoint(Protocol):
@@ -33,6 +90,8 @@ class Rejected:
     reason: str
     seq: bytes | None = None
     close: bool = False
+    # Metric label of the protocol error it is counted as.
+    label: str = "rejected"
 
     def error_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "error", "error": self.reason}
@@ -150,5 +209,11 @@ class SkanSession:
             return Rejected(
                 f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
             )
-        self.router.subscribe(self.endpoint, group, instance, subtype)
+        if not self.router.subscribe(self.endpoint, group, instance, subtype):
+            return Rejected(
+                f"too many subscriptions: this connection already holds "
+                f"{self.router.max_subscriptions} (max_subscriptions)",
+                seq,
+                label="max-subscriptions",
+            )
         return None

@@ -33,7 +33,9 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router())
+    ctx = BrokerContext(config=config, router=Router(
+        max_subscriptions=config.broker.max_subscriptions, max_frame=config.broker.max_frame,
+    ))
     retention = RetentionStore(config.retention.size)
     retention.attach(ctx.router)
     ctx.components["retention"] = retention

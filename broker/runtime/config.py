@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from broker.core.queue import MIN_QUEUE_LIMIT
+from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
 MiB = 1024 * 1024
 
@@ -70,6 +71,11 @@ class BrokerSection:
     slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
     # Seconds a graceful stop waits for queued frames to drain to clients.
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
+    # Subscriptions (Skan instance subscriptions plus Hat patterns) one
+    # connection may hold; past it a subscribe is refused (counted).
+    max_subscriptions: int = attrs.field(
+        default=DEFAULT_MAX_SUBSCRIPTIONS, validator=_positive
+    )
 
 
 def _port_field(default: int) -> Any:

@@ -193,7 +193,7 @@ async def idle_pinger(
 async def run_connection(
     stream: trio.abc.Stream,
     ep: QueuedEndpoint,
-    on_bytes: Callable[[bytes], None],
+    on_bytes: Callable[[bytes], bool | None],
     router: Router,
     connections: Connections,
     *,
@@ -254,7 +254,7 @@ async def run_connection(
                             routed_before = counters.msgs_in
                             started = time.perf_counter()
                         try:
-                            on_bytes(data)
+                            more = on_bytes(data)
                         finally:
                             router.end_batch()
                         if latency is not None:
@@ -263,6 +263,18 @@ async def run_connection(
                             )
                         if router.congested:
                             await relieve_congestion(router, grace)
+                        # Bounded work per slice: an adapter that stopped at its
+                        # slice bound (broker.core.session.SLICE_ITEMS) with input
+                        # left is resumed after a checkpoint, so one connection's
+                        # burst never holds the event loop for the whole chunk.
+                        while more and ep.closing is None:
+                            await trio.lowlevel.checkpoint()
+                            try:
+                                more = on_bytes(b"")
+                            finally:
+                                router.end_batch()
+                            if router.congested:
+                                await relieve_congestion(router, grace)
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or "closed")
                 ep.queue.wakeup()

@@ -36,7 +36,7 @@ from collections import OrderedDict
 import trio
 
 from broker.core import events
-from broker.core.router import NORMAL, Routed
+from broker.core.router import NORMAL, FrameTooLarge, Routed
 from broker.protocols.eventer.mapping import (
     payload_from_wire,
     payload_to_wire,
@@ -121,11 +121,11 @@ class EventerBridge:
                 del self.echo[ev.id]
                 continue
             try:
-                frame = events.send_frame_for_event(
+                frame = self.router.build_frame(self.ep, events.send_message_for_event(
                     ev.type, payload_from_wire(ev.payload), sender=self.ep.lname,
                     seq=next(self._seq), source_timestamp=ts_from_wire(ev.source_timestamp),
-                )
-            except events.MappingError as exc:
+                ))
+            except (events.MappingError, FrameTooLarge) as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
             self.router.route(self.ep, frame, decode_header(frame, 4))

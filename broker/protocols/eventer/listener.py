@@ -21,7 +21,7 @@ import trio
 from broker.core import events
 from broker.core.queue import DROP, QueuedEndpoint
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import Routed, Router
+from broker.core.router import FrameTooLarge, Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
@@ -31,12 +31,6 @@ from wire.chatter import ChatterError
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
-
-# Patterns one client may subscribe.  Each is checked on every recipient-set
-# cache miss for every routed type, so an unbounded list from one client would
-# slow routing for all; Hat clients use a handful.
-MAX_SUBSCRIPTIONS = 10_000
-
 
 def check_subscription(pattern: w.EventType) -> str | None:
     """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
@@ -200,9 +194,10 @@ class EventerConnection(QueuedEndpoint):
         reason = None
         if token is not None and r.client_token != token:
             reason = "client token does not match the server's"
-        if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
-            reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
-                                f"(at most {MAX_SUBSCRIPTIONS} per connection)")
+        # [broker] max_subscriptions bounds the patterns of one connection.
+        if reason is None and not self.router.subscriptions_fit(self, len(r.subscriptions)):
+            reason = (f"too many subscriptions: {len(r.subscriptions)} "
+                      f"(at most {self.router.max_subscriptions} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
@@ -227,10 +222,14 @@ class EventerConnection(QueuedEndpoint):
             try:
                 for ev in req.events:
                     self.seq += 1
-                    frames.append(events.send_frame_for_event(
+                    frames.append(self.router.build_frame(self, events.send_message_for_event(
                         ev.type, payload_from_wire(ev.payload), sender=self.lname,
                         seq=self.seq, source_timestamp=ts_from_wire(ev.source_timestamp),
-                    ))
+                    )))
+            except FrameTooLarge as exc:
+                # Counted by build_frame; the whole registration fails, as for
+                # any event that cannot be routed.
+                failure = f"event {len(frames) + 1}: {exc}"
             except events.MappingError as exc:
                 failure = str(exc)
         if failure is not None:

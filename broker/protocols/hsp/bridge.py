@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from broker.core.queue import OutQueue
-from broker.core.router import NORMAL, Routed, Router
+from broker.core.router import NORMAL, FrameTooLarge, Routed, Router
 from broker.protocols.hsp.listener import TOO_LARGE
 from broker.runtime.bridge import (
     BridgeStatus,
@@ -58,7 +58,7 @@ from wire.hsp import (
     Pong,
     frame_payload,
 )
-from wire.skan import decode_header, encode_frame
+from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -130,21 +130,31 @@ class HSPBridge:
 
     # ---- incoming -------------------------------------------------------------
 
-    def route_in(self, hsp_type: int, payload: bytes) -> None:
-        """Route a payload from the peer into the configured group and instance."""
+    def route_in(self, hsp_type: int, payload: bytes) -> str | None:
+        """Route a payload from the peer into the configured group and instance.
+
+        Returns why it was refused (its Skan message would pass ``max_frame``;
+        counted by the router), or None once routed.
+        """
         self._seq += 1
-        frame = encode_frame({
-            "type": "send",
-            "group": self.group,
-            "instance": self.instance,
-            "to": "*",
-            "from": self.ep.lname,
-            "seq": self._seq,
-            HSP_TYPE_TAG: str(hsp_type),
-            "msg": payload,
-        })
+        try:
+            frame = self.router.build_frame(self.ep, {
+                "type": "send",
+                "group": self.group,
+                "instance": self.instance,
+                "to": "*",
+                "from": self.ep.lname,
+                "seq": self._seq,
+                HSP_TYPE_TAG: str(hsp_type),
+                "msg": payload,
+            })
+        except FrameTooLarge as exc:
+            reason = f"payload of {len(payload)} bytes: {exc}"
+            log.warning("bridge %s: %s; refused", self.status.name, reason)
+            return reason
         self.router.route(self.ep, frame, decode_header(frame, 4))
         self.status.received += 1
+        return None
 
     # ---- one connection -------------------------------------------------------
 
@@ -276,10 +286,14 @@ class _Link:
                         bridge.status.name, ev.message_id, detail)
             self._acked.set()
         elif t is Data:
+            # A refused DATA cannot be answered: counted (and logged) by route_in.
             bridge.route_in(ev.type, ev.payload)
         elif t is DataAck:
-            bridge.route_in(ev.type, ev.payload)
-            self._push(self.hsp.send(Ack(ev.message_id)))
+            refused = bridge.route_in(ev.type, ev.payload)
+            if refused is None:
+                self._push(self.hsp.send(Ack(ev.message_id)))
+            else:
+                self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, refused.encode())))
         elif t is Ping:
             self._push(self.hsp.send(Pong()))
         elif t is Oversized:

@@ -34,7 +34,7 @@ import trio
 
 from broker.core.queue import QueuedEndpoint
 from broker.core.router import Routed, Router
-from broker.core.session import Rejected, SkanSession
+from broker.core.session import InputSlices, Rejected, SkanSession
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
 from wire.hsp import (
@@ -84,6 +84,8 @@ class HSPClientConnection(QueuedEndpoint):
         self.counters = router.counters
         # While a DATA_ACK is being handled, its replies wait here so the ACK goes first.
         self._held: list[bytes] | None = None
+        # Commands received but not yet handled (bounded work per slice).
+        self.input: InputSlices[Event] = InputSlices()
 
     # ---- outgoing ---------------------------------------------------------
 
@@ -114,17 +116,26 @@ class HSPClientConnection(QueuedEndpoint):
 
     # ---- incoming ---------------------------------------------------------
 
-    def on_bytes(self, data: bytes) -> None:
-        try:
-            events = self.hsp.receive(data)
-        except ProtocolError as exc:
-            self._apply(exc.events)
-            if self.closing is None:
-                self._data_error("protocol-violation",
-                                 Rejected(f"HSP protocol error: {exc.reason}"))
-                self.closing = "protocol-error"
-            return
-        self._apply(events)
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of commands; True when commands
+        are left for another slice (the transport calls again with b"")."""
+        inp = self.input
+        if data:
+            try:
+                inp.add(self.hsp.receive(data))
+            except ProtocolError as exc:
+                inp.clear()
+                self._apply(exc.events)
+                if self.closing is None:
+                    self._data_error("protocol-violation",
+                                     Rejected(f"HSP protocol error: {exc.reason}"))
+                    self.closing = "protocol-error"
+                return False
+        self._apply(inp.next_slice(_event_size))
+        if self.closing is not None:
+            inp.clear()
+            return False
+        return inp.pending
 
     def _apply(self, events: list[Event]) -> None:
         handle = self.session.handle
@@ -191,6 +202,12 @@ class HSPClientConnection(QueuedEndpoint):
             return False
         self._answer_error(mid, REJECTED, rejected.reason)
         return True
+
+
+def _event_size(ev: Event) -> int:
+    """Bytes an HSP command carries (its Skan message), for the slice budget."""
+    framed = getattr(ev, "framed", None)
+    return 0 if framed is None else len(framed)
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

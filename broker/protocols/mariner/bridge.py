@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 
-from broker.core.events import MappingError, send_frame_for_event, timestamp_from_parts
-from broker.core.router import Endpoint, Routed, Router
+from broker.core.events import MappingError, send_message_for_event, timestamp_from_parts
+from broker.core.router import Endpoint, FrameTooLarge, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
 from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
 from broker.runtime.config import BridgeSection
@@ -97,7 +97,7 @@ class MarinerBridge:
         self._seq += 1
         try:
             source = event.source_timestamp
-            frame = send_frame_for_event(
+            message = send_message_for_event(
                 event.type, payload_from_mariner(event.payload), sender=self.ep.lname,
                 seq=self._seq,
                 source_timestamp=(
@@ -107,14 +107,17 @@ class MarinerBridge:
         except (MappingError, ValueError) as exc:
             self._refuse(event, str(exc))
             return
-        if len(frame) > self.max_frame:
-            self._refuse(event, f"its Skan message of {len(frame)} bytes exceeds max_frame")
+        try:
+            frame = self.router.build_frame(self.ep, message)
+        except FrameTooLarge as exc:
+            self._refuse(event, str(exc), counted=True)
             return
         self.router.route(self.ep, frame, decode_header(frame, 4))
         self.status.received += 1
 
-    def _refuse(self, event: mw.Event, reason: str) -> None:
-        self.router.counters.protocol_error("bridge-mariner", "unroutable-event")
+    def _refuse(self, event: mw.Event, reason: str, *, counted: bool = False) -> None:
+        if not counted:
+            self.router.counters.protocol_error("bridge-mariner", "unroutable-event")
         self.status.last_error = f"event {event.id} not routed: {reason}"
         log.warning("bridge %s: event %s (type %s) not routed: %s",
                     self.status.name, event.id, list(event.type), reason)

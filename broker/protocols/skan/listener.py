@@ -9,7 +9,7 @@ import trio
 
 from broker.core.queue import QueuedEndpoint
 from broker.core.router import Routed, Router
-from broker.core.session import SkanSession, error_frame
+from broker.core.session import InputSlices, SkanSession, error_frame
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import listener_address, open_listeners, run_connection
 from wire.skan import FrameError, FrameSplitter, SkanError, encode_frame
@@ -26,6 +26,8 @@ class SkanConnection(QueuedEndpoint):
         super().__init__(router, queue_limit, policy)
         self.splitter = FrameSplitter(max_frame)
         self.session = SkanSession(router, self)
+        # Frames received but not yet handled (bounded work per slice).
+        self.input: InputSlices[bytes] = InputSlices()
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         # Inlined OutQueue.push: this runs once per recipient per message.
@@ -48,27 +50,33 @@ class SkanConnection(QueuedEndpoint):
     def encode_control(self, message: dict[str, Any]) -> bytes:
         return encode_frame(message)
 
-    def on_bytes(self, data: bytes) -> None:
-        try:
-            frames = self.splitter.feed(data)
-        except FrameError as exc:
-            self._fatal("bad-frame", str(exc))
-            return
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of frames; True when frames
+        are left for another slice (the transport calls again with b"")."""
+        inp = self.input
+        if data:
+            try:
+                inp.add(self.splitter.feed(data))
+            except FrameError as exc:
+                self._fatal("bad-frame", str(exc))
+                return False
         handle = self.session.handle
-        for frame in frames:
+        for frame in inp.next_slice():
             try:
                 rejected = handle(frame)
             except SkanError as exc:
                 self._fatal("malformed", f"malformed message: {exc}")
-                return
+                return False
             if rejected is not None:
-                self.router.counters.protocol_error("skan", "rejected")
+                self.router.counters.protocol_error("skan", rejected.label)
                 self.enqueue(encode_frame(rejected.error_message()))
                 if rejected.close:
                     self.closing = "protocol-error"
-                    return
+                    return False
+        return inp.pending
 
     def _fatal(self, kind: str, reason: str) -> None:
+        self.input.clear()
         self.router.counters.protocol_error("skan", kind)
         self.enqueue(error_frame(reason))
         self.closing = "protocol-error"
