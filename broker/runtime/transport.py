@@ -264,7 +264,7 @@ async def run_connection(
                         if router.congested:
                             await relieve_congestion(router, grace)
                         # Bounded work per slice: an adapter that stopped at its
-                        # slice bound (broker.core.session.SLICE_ITEMS) with input
+                        # slice bound (broker.core.session.SLICE_SECONDS) with input
                         # left is resumed after a checkpoint, so one connection's
                         # burst never holds the event loop for the whole chunk.
                         while more and ep.closing is None:

@@ -131,7 +131,7 @@ class HSPClientConnection(QueuedEndpoint):
                                      Rejected(f"HSP protocol error: {exc.reason}"))
                     self.closing = "protocol-error"
                 return False
-        self._apply(inp.next_slice(_event_size))
+        self._apply(inp.take(_event_size))
         if self.closing is not None:
             inp.clear()
             return False

@@ -61,7 +61,7 @@ class SkanConnection(QueuedEndpoint):
                 self._fatal("bad-frame", str(exc))
                 return False
         handle = self.session.handle
-        for frame in inp.next_slice():
+        for frame in inp.take():
             try:
                 rejected = handle(frame)
             except SkanError as exc:
