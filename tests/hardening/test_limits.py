@@ -22,8 +22,6 @@ from tests.rawskan import RawSkan
 from wire.eventer import BinaryPayload, RegisterEvent
 from wire.hsp import Error
 
-pytestmark = pytest.mark.trio
-
 MAX_SUBS = 5
 SMALL_FRAME = 65536
 
@@ -37,6 +35,7 @@ def limited():
     assert not tracebacks(proc.stderr_lines), "".join(proc.stderr_lines[-40:])
 
 
+@pytest.mark.trio
 async def test_skan_subscribe_past_the_limit_gets_error_with_seq(limited):
     async with bystander(limited.skan) as b:
         async with b.measure():
@@ -64,6 +63,7 @@ async def test_skan_subscribe_past_the_limit_gets_error_with_seq(limited):
     assert fig.lost == 0 and fig.received > 0
 
 
+@pytest.mark.trio
 async def test_hsp_subscribe_past_the_limit_is_error_2(limited):
     h = await RawHSP.open(limited.addr["hsp"])
     await h.data_ack({"type": "getlname"})
@@ -77,6 +77,7 @@ async def test_hsp_subscribe_past_the_limit_is_error_2(limited):
     await h.stream.aclose()
 
 
+@pytest.mark.trio
 async def test_eventer_and_mariner_init_past_the_limit_are_refused(limited):
     too_many = [("ev", str(i)) for i in range(MAX_SUBS + 1)]
     with pytest.raises(EventerInitError, match="too many subscriptions"):
@@ -93,6 +94,7 @@ async def test_eventer_and_mariner_init_past_the_limit_are_refused(limited):
                              f"(at most {MAX_SUBS} per connection)"
 
 
+@pytest.mark.trio
 async def test_eventer_register_over_max_frame_fails_and_fitting_one_routes(limited):
     async with (
         SkanClient.connect(*limited.skan) as sub,
@@ -112,6 +114,7 @@ async def test_eventer_register_over_max_frame_fails_and_fitting_one_routes(limi
         assert int(stats["protocol_errors"]) == before + 1
 
 
+@pytest.mark.trio
 async def test_hsp_bridge_payload_whose_frame_exceeds_max_frame_is_refused():
     port = free_port()
     server = PeerServer(port)
