@@ -37,7 +37,7 @@ async def hsp_connect(addr: tuple[str, int]) -> tuple[trio.SocketStream, bytes]:
     await stream.send_all(SKAN_DATA + encode_frame({"type": "getlname"}))
     decoder = Decoder()
     while True:
-        for ev in decoder.feed(await stream.receive_some(4096)):
+        for ev in decoder.receive_data(await stream.receive_some(4096)):
             return stream, decode(ev.payload)[b"lname"]
 
 
@@ -47,7 +47,7 @@ async def hsp_subscribe(addr: tuple[str, int], group: str) -> trio.SocketStream:
                                                     "instance": "*"}))
     await stream.send_all(SKAN_DATA + encode_frame({"type": "getlname"}))  # barrier
     decoder = Decoder()
-    while not decoder.feed(await stream.receive_some(4096)):
+    while not decoder.receive_data(await stream.receive_some(4096)):
         pass
     return stream
 
@@ -97,7 +97,7 @@ async def hsp_throughput(broker: Broker, mode: str, seconds: float,
             data = await pub.receive_some(1 << 20)
             if not data:
                 raise RuntimeError("broker closed the publisher")
-            events = decoder.feed(data)
+            events = decoder.receive_data(data)
             for e in events:
                 if type(e) is not Ack:
                     raise RuntimeError(f"broker refused a message: {e!r}")

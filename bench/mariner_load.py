@@ -57,7 +57,7 @@ async def mariner_connect(addr: tuple[str, int], pattern: list[str],
     await conn.stream.send_all(encode_frame(json.dumps(init).encode())
                                + encode_frame(b'{"type": "ping"}'))
     while True:  # until the pong: init has been applied
-        bodies = conn.splitter.feed(await conn.stream.receive_some(4096))
+        bodies = conn.splitter.receive_data(await conn.stream.receive_some(4096))
         conn.early += sum(b.count(EVENT_MARK) for b in bodies)
         if b'{"type":"pong"}' in bodies:
             return conn
@@ -70,7 +70,7 @@ async def count_events(conn: MarinerStream, counter: list[int], i: int) -> None:
         data = await stream.receive_some(1 << 20)
         if not data:
             raise RuntimeError("broker closed a benchmark Mariner client (slow consumer?)")
-        for body in splitter.feed(data):
+        for body in splitter.receive_data(data):
             counter[i] += body.count(EVENT_MARK)
 
 

@@ -16,7 +16,7 @@ import trio
 
 from bench.skan_load import PAYLOAD, Broker, send_frame, throughput
 from broker.core.router import Router
-from broker.protocols.skan.listener import SkanConnection
+from broker.protocols.skan.listener import SkanEndpoint
 from wire.skan import encode_frame
 
 SCENARIOS = {"1-1": (1, 1), "1-10": (1, 10)}
@@ -66,7 +66,7 @@ async def compare(feature: str, on: str, off: str, args: argparse.Namespace,
 
 
 def fan_out(router: Router, subscribers: int) -> tuple[
-    SkanConnection, list[SkanConnection], bytes, int
+    SkanEndpoint, list[SkanEndpoint], bytes, int
 ]:
     """A publisher and ``subscribers`` subscribers of group "bench" on ``router``, in process.
 
@@ -75,8 +75,8 @@ def fan_out(router: Router, subscribers: int) -> tuple[
     """
     limit = 1 << 30  # never the bottleneck: queues are emptied between chunks
 
-    def connection() -> SkanConnection:
-        conn = SkanConnection(router, limit, "drop", 8 << 20)
+    def connection() -> SkanEndpoint:
+        conn = SkanEndpoint(router, limit, "drop", 8 << 20)
         router.attach(conn)
         conn.on_bytes(encode_frame({"type": "getlname"}))
         return conn

@@ -117,7 +117,7 @@ async def raw_connect(addr: tuple[str, int]) -> tuple[trio.SocketStream, bytes]:
     await stream.send_all(encode_frame({"type": "getlname"}))
     splitter = FrameSplitter(1 << 20)
     while True:
-        frames = splitter.feed(await stream.receive_some(4096))
+        frames = splitter.receive_data(await stream.receive_some(4096))
         if frames:
             return stream, decode(frames[0][4:])[b"lname"]
 
@@ -126,7 +126,7 @@ async def barrier(stream: trio.SocketStream) -> None:
     """getlname round trip: the broker has handled everything sent before it."""
     await stream.send_all(encode_frame({"type": "getlname"}))
     splitter = FrameSplitter(1 << 20)
-    while not splitter.feed(await stream.receive_some(4096)):
+    while not splitter.receive_data(await stream.receive_some(4096)):
         pass
 
 
@@ -192,7 +192,7 @@ async def stats(stream: trio.SocketStream) -> dict[bytes, object]:
     await stream.send_all(encode_frame({"type": "stats"}))
     splitter = FrameSplitter(1 << 20)
     while True:
-        frames = splitter.feed(await stream.receive_some(65536))
+        frames = splitter.receive_data(await stream.receive_some(65536))
         if frames:
             return decode(frames[0][4:])[b"stats"]
 
@@ -230,7 +230,7 @@ async def latency(addr: tuple[str, int], rate: int, seconds: float) -> tuple[flo
         while True:
             data = await sub.receive_some(1 << 16)
             now = time.perf_counter_ns()
-            for f in splitter.feed(data):
+            for f in splitter.receive_data(data):
                 sent = int(decode(f[4:])[b"msg"][:20])
                 samples.append((now - sent) / 1e6)
 

@@ -1,8 +1,13 @@
-"""What every trio client shares: dialling (TCP or TLS) and async iteration."""
+"""What every trio client shares: dialling (TCP or TLS), keep-alive, async iteration.
+
+The broker's listeners and bridges use the same keep-alive loop
+(:func:`idle_pinger`); this module imports nothing from ``broker``.
+"""
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -15,6 +20,32 @@ async def open_stream(
     if ssl_context is not None:
         return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
     return await trio.open_tcp_stream(host, port)
+
+
+async def idle_pinger(
+    last_rx: Callable[[], float],
+    ping: Callable[[], Awaitable[object]],
+    delay: float,
+    timeout: float,
+) -> None:
+    """Keep-alive: ping a peer idle for ``delay`` seconds; return once it stays silent.
+
+    ``last_rx()`` is the trio time of the last bytes received from the peer
+    (any bytes count as liveness, not only the answer to the ping).  Returns
+    when nothing arrived within ``timeout`` seconds after a ping: the caller
+    decides what a dead peer means (close, fail, reconnect).  The one
+    keep-alive loop of every client, listener and bridge.
+    """
+    while True:
+        idle_until = last_rx() + delay
+        now = trio.current_time()
+        if now < idle_until:
+            await trio.sleep(idle_until - now)
+            continue
+        await ping()
+        await trio.sleep(timeout)
+        if last_rx() < now:
+            return
 
 
 class ReceiveIterator:

@@ -29,8 +29,9 @@ from typing import Any
 
 import trio
 
-from clients.common import open_stream
-from wire.chatter import ChatterError, Conversation, Envelope
+from clients.common import idle_pinger, open_stream
+from wire.chatter import Conversation, Envelope
+from wire.errors import ProtocolError
 from wire.eventer import (
     BinaryPayload,
     ClientConnection,
@@ -125,6 +126,33 @@ class EventerClient:
             stream = await open_stream(host, port, ssl_context)
         if scope.cancelled_caught:
             raise EventerTimeout(f"no connection to {host}:{port} within {connect_timeout}s")
+        async with cls.over(
+            stream, client_name, subscriptions=subscriptions, token=token,
+            server_id=server_id, persisted=persisted, envelope=envelope,
+            ping_delay=ping_delay, ping_timeout=ping_timeout, timeout=timeout,
+            max_message=max_message, inbox=inbox,
+        ) as client:
+            yield client
+
+    @classmethod
+    @asynccontextmanager
+    async def over(
+        cls,
+        stream: trio.abc.Stream,
+        client_name: str = "skan/eventer-client",
+        *,
+        subscriptions: Iterable[EventType] = (),
+        token: str | None = None,
+        server_id: int | None = None,
+        persisted: bool = False,
+        envelope: Envelope = Envelope.HATCHATTER,
+        ping_delay: float = 30.0,
+        ping_timeout: float = 10.0,
+        timeout: float = 5.0,
+        max_message: int = 64 * 1024 * 1024,
+        inbox: int = 64,
+    ) -> AsyncIterator[EventerClient]:
+        """Run a client over an open stream (closed when the block exits): init, then serve."""
         request = InitReq(client_name, token, tuple(tuple(s) for s in subscriptions),
                           server_id, persisted)
         proto = ClientConnection(request, envelope=envelope, max_message=max_message,
@@ -264,7 +292,7 @@ class EventerClient:
     def _decode(self, data: bytes) -> list[Any]:
         try:
             return self._proto.receive_data(data, self._last_rx)
-        except ChatterError as exc:
+        except ProtocolError as exc:
             raise EventerError(f"protocol error: {exc}") from None
 
     async def _reader(self) -> None:
@@ -315,15 +343,14 @@ class EventerClient:
         return True
 
     async def _pinger(self) -> None:
-        while True:
-            idle_until = self._last_rx + self._ping_delay
-            now = trio.current_time()
-            if now < idle_until:
-                await trio.sleep(idle_until - now)
-                continue
-            self._proto.ping(now, timeout=self._ping_timeout)
+        async def ping() -> None:
+            self._proto.ping(trio.current_time(), timeout=self._ping_timeout)
             await self._flush()
-            await trio.sleep(self._ping_timeout)
+
+        await idle_pinger(lambda: self._last_rx, ping, self._ping_delay, self._ping_timeout)
+        # Nothing at all arrived since the ping: the connection is dead.
+        self._fail(EventerTimeout("no answer to ping in time"))
+        await trio.aclose_forcefully(self._stream)
 
 
 # ---- command line ----------------------------------------------------------------------

@@ -187,7 +187,7 @@ class HSPPeer(ReceiveIterator):
             self._close()
             return None
         try:
-            events = self.conn.receive(chunk)
+            events = self.conn.receive_data(chunk)
         except ProtocolError:
             self._close()
             raise
@@ -342,7 +342,7 @@ class SkanFramesOverHSP(trio.abc.Stream):
         self._prefix = data_prefix(SKAN_TYPE)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        frames = self._out_splitter.feed(bytes(data))
+        frames = self._out_splitter.receive_data(bytes(data))
         if frames:
             prefix = self._prefix
             await self.peer.send_bytes(b"".join(prefix + f for f in frames))

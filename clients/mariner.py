@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from clients.common import ReceiveIterator, open_stream
+from clients.common import ReceiveIterator, idle_pinger, open_stream
 from wire import mariner as mw
 
 DEFAULT_PORT = 23014
@@ -194,22 +194,13 @@ class MarinerClient(ReceiveIterator):
             self._end("closed", failed=False)
 
     async def _pinger(self) -> None:
-        while True:
-            idle_until = self._last_rx + self._ping_delay
-            now = trio.current_time()
-            if now < idle_until:
-                await trio.sleep(idle_until - now)
-                continue
-            pinged_at = trio.current_time()
-            try:
-                await self.ping()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            await trio.sleep(self._ping_timeout)
-            if self._last_rx < pinged_at:
-                self._end("ping timeout: the server did not answer", failed=True)
-                await trio.aclose_forcefully(self._stream)
-                return
+        try:
+            await idle_pinger(lambda: self._last_rx, self.ping, self._ping_delay,
+                              self._ping_timeout)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        self._end("ping timeout: the server did not answer", failed=True)
+        await trio.aclose_forcefully(self._stream)
 
 
 # ---- command line ------------------------------------------------------------

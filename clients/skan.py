@@ -221,7 +221,7 @@ class SkanClient(ReceiveIterator):
                 data = await self._stream.receive_some(65536)
                 if not data:
                     break
-                for frame in self._splitter.feed(data):
+                for frame in self._splitter.receive_data(data):
                     await self._dispatch(decode(frame[4:]))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,8 @@ class BrokerProcess:
     """
 
     def __init__(self, config: str = "", args: tuple[str, ...] = (), *,
-                 workdir: pathlib.Path | None = None, env: dict[str, str] | None = None) -> None:
+                 workdir: pathlib.Path | None = None, env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         if workdir is None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="skan-broker-"))
             # Tests may read the routing log after stopping the broker, so the
@@ -36,6 +38,8 @@ class BrokerProcess:
         self.config_path.write_text(config)
         self.args = args
         self.env = env or {}
+        # Run in the child before the broker starts (e.g. to set resource limits).
+        self.preexec_fn = preexec_fn
         self.addr: dict[str, tuple[str, int]] = {}
         self.stderr_lines: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -50,7 +54,7 @@ class BrokerProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         self.proc = subprocess.Popen(
             cmd, cwd=self.workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            bufsize=0,
+            bufsize=0, preexec_fn=self.preexec_fn,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         assert self.proc.stdout is not None

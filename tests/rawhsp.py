@@ -50,7 +50,7 @@ class RawHSP:
                     data = b""
                 if not data:
                     raise EOFError("connection closed by the broker")
-                self.events.extend(self.decoder.feed(data))
+                self.events.extend(self.decoder.receive_data(data))
         return self.events.pop(0)
 
     async def events_n(self, n: int, timeout: float = 5.0) -> list[Event]:

@@ -40,7 +40,7 @@ class RawMariner:
                 data = await self.stream.receive_some(65536)
                 if not data:
                     raise EOFError("connection closed by the broker")
-                self.bodies.extend(self.splitter.feed(data))
+                self.bodies.extend(self.splitter.receive_data(data))
         return json.loads(self.bodies.pop(0))
 
     async def expect_closed(self, timeout: float = 5.0) -> list[Any]:

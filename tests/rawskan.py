@@ -32,7 +32,7 @@ class RawSkan:
                 data = await self.stream.receive_some(65536)
                 if not data:
                     raise EOFError("connection closed by the broker")
-                self.frames.extend(self.splitter.feed(data))
+                self.frames.extend(self.splitter.receive_data(data))
         return self.frames.pop(0)
 
     async def message(self, timeout: float = 5.0) -> dict[bytes, Any]:

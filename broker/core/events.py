@@ -24,9 +24,10 @@ from typing import Any
 
 import attrs
 
+from broker.core.inject import Injected, build_send
 from broker.core.router import STAR, Routed
 from wire.hattime import join_timestamp, split_timestamp
-from wire.skan import Nested, encode_frame, item_bytes
+from wire.skan import Nested, item_bytes
 
 PAYLOAD_TYPE_TAG = b"payload-type"
 SOURCE_TIMESTAMP_TAG = b"source-timestamp"
@@ -253,57 +254,28 @@ def event_from_routed(routed: Routed, server_id: int) -> Event:
     )
 
 
-def send_frame_for_event(
+def send_for_event(
     etype: tuple[str, ...] | list[str],
     payload: Payload,
     *,
     sender: bytes,
     seq: int,
     source_timestamp: float | None = None,
-    extra: dict[bytes, bytes] | None = None,
-) -> bytes:
-    """The Skan ``send`` frame of :func:`send_message_for_event`, unchecked.
-
-    Adapters route events through :meth:`broker.core.router.Router.build_frame`
-    instead, which also holds the frame to ``max_frame``.
-    """
-    return encode_frame(send_message_for_event(
-        etype, payload, sender=sender, seq=seq, source_timestamp=source_timestamp, extra=extra,
-    ))
-
-
-def send_message_for_event(
-    etype: tuple[str, ...] | list[str],
-    payload: Payload,
-    *,
-    sender: bytes,
-    seq: int,
-    source_timestamp: float | None = None,
-    extra: dict[bytes, bytes] | None = None,
-) -> dict[bytes, Any]:
-    """The Skan ``send`` message an adapter routes for an incoming event.
+) -> Injected:
+    """The Skan ``send`` an adapter routes for an incoming event (frame and header).
 
     ``to`` is "*" and ``from`` is the lname of the connection (or bridge)
-    the event came in on.
+    the event came in on (see :func:`broker.core.inject.build_send`).
     """
     group, instance = group_instance(tuple(etype))
-    message: dict[bytes, Any] = {
-        b"type": b"send",
-        b"from": sender,
-        b"to": b"*",
-        b"group": group.encode("utf-8"),
-        b"instance": instance.encode("utf-8"),
-        b"seq": str(seq).encode(),
-    }
+    tags: dict[bytes, Any] = {}
     if isinstance(payload, BinaryPayload):
-        message[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
-        message[b"msg"] = payload.data
+        tags[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
+        msg: Any = payload.data
     elif isinstance(payload, JsonPayload):
-        message[b"msg"] = json_to_skan(payload.data)
+        msg = json_to_skan(payload.data)
     else:
-        message[b"msg"] = None
+        msg = None
     if source_timestamp is not None:
-        message[SOURCE_TIMESTAMP_TAG] = format_timestamp(source_timestamp)
-    if extra:
-        message.update(extra)
-    return message
+        tags[SOURCE_TIMESTAMP_TAG] = format_timestamp(source_timestamp)
+    return build_send(sender, group.encode("utf-8"), instance.encode("utf-8"), seq, msg, tags)

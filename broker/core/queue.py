@@ -10,12 +10,24 @@ default) closes that connection, ``drop`` discards the frame; both counted.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
+from broker.core.reasons import CloseReason
 from broker.core.router import Endpoint, Routed, Router
 
-DISCONNECT = "disconnect"
-DROP = "drop"
+
+class SlowConsumerPolicy(StrEnum):
+    """What happens when a message does not fit a connection's outgoing queue."""
+
+    # Close the connection (the default: the consumer learns it fell behind).
+    DISCONNECT = "disconnect"
+    # Discard the message, count it, keep the connection.
+    DROP = "drop"
+
+
+DISCONNECT = SlowConsumerPolicy.DISCONNECT
+DROP = SlowConsumerPolicy.DROP
 
 # Bytes the transport reads per receive.  Routing one received chunk can add
 # at most about this much to any queue before the reader gets to pause, so it
@@ -67,10 +79,15 @@ def _nothing() -> None:
 class QueuedEndpoint(Endpoint):
     """An endpoint backed by a socket: deliveries become queued bytes.
 
-    Subclasses set ``protocol`` and override :meth:`encode_delivery` (how a
-    routed message looks on their wire) and :meth:`encode_control` (how a
-    broker reply looks).  The trio layer sets ``kill`` to a callable that
-    tears the connection down.
+    Subclasses set ``protocol`` and implement :meth:`on_bytes` (decode and
+    route one received chunk, synchronously), :meth:`encode_delivery` (how
+    a routed message looks on their wire) and :meth:`encode_control` (how a
+    broker reply looks).  They set ``opened`` once their protocol's opening
+    (Skan getlname, Eventer MsgInitReq, ...) is done and say through
+    :meth:`partial_bytes` how much of an incomplete frame they hold; the trio
+    layer (:func:`broker.runtime.transport.run_connection`) enforces the
+    handshake and frame timeouts from those, and sets ``kill`` to a callable
+    that tears the connection down.
     """
 
     def __init__(self, router: Router, queue_limit: int, policy: str) -> None:
@@ -80,6 +97,8 @@ class QueuedEndpoint(Endpoint):
         self.policy = policy
         # Why the connection is closing (None while open); read by the transport.
         self.closing: str | None = None
+        # True once the protocol's opening handshake is complete.
+        self.opened = False
         # trio clock time of the last bytes received (set by the transport).
         self.last_rx = 0.0
         # Back-pressure state, owned by the transport: flagged in router.congested,
@@ -93,6 +112,24 @@ class QueuedEndpoint(Endpoint):
         self.closing = reason
         self.router.detach(self, reason)
 
+    # -- what the transport calls (subclasses) -----------------------------
+
+    def on_bytes(self, data: bytes) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def partial_bytes(self) -> int:
+        """Bytes held of a received frame that is not complete yet (for ``frame_timeout``)."""
+        return 0
+
+    def send_ping(self) -> None:
+        """Queue a keep-alive ping (protocols with keep-alive override it)."""
+
+    def start(self, nursery: Any) -> None:
+        """Start the adapter's own background tasks in the connection's nursery."""
+
+    def on_closed(self) -> None:
+        """The connection is gone (after detach); release what the adapter holds."""
+
     # -- what goes on the wire (subclasses) --------------------------------
 
     def encode_delivery(self, frame: bytes, routed: Routed) -> bytes | None:
@@ -102,7 +139,7 @@ class QueuedEndpoint(Endpoint):
     def encode_control(self, message: dict[str, Any]) -> bytes:
         raise NotImplementedError
 
-    # -- queueing ----------------------------------------------------------
+    # -- queueing and the slow-consumer policy ------------------------------
 
     def pending_bytes(self) -> int:
         """Bytes waiting to reach the peer; back-pressure compares them with ``queue.high``.
@@ -112,23 +149,40 @@ class QueuedEndpoint(Endpoint):
         """
         return self.queue.size
 
+    def mark_congested(self) -> None:
+        """Past the high-water mark: publishers routing here pause (back-pressure)."""
+        if not self.congested:
+            self.congested = True
+            self.router.congested.append(self)
+
+    def notify_drained(self) -> None:
+        """Wake whoever waits for this consumer once it is back under its high-water mark."""
+        if self.drained is not None and self.pending_bytes() <= self.queue.high:
+            self.drained.set()
+            self.drained = None
+
+    def overflow(self, messages: int = 1) -> None:
+        """``messages`` did not fit: apply the slow-consumer policy (the one place it lives)."""
+        if self.closed:
+            return
+        counters = self.router.counters
+        if self.policy == DROP:
+            self.dropped += messages
+            counters.dropped += messages
+        else:
+            counters.slow_consumer_disconnects += 1
+            self.kill(CloseReason.SLOW_CONSUMER)
+
     def enqueue(self, data: bytes) -> bool:
         """Queue bytes for the writer, applying the slow-consumer policy when full."""
         if self.closed:
             return False
         q = self.queue
         if q.push(data):
-            if q.size > q.high and not self.congested:
-                self.congested = True
-                self.router.congested.append(self)
+            if q.size > q.high:
+                self.mark_congested()
             return True
-        counters = self.router.counters
-        if self.policy == DROP:
-            self.dropped += 1
-            counters.dropped += 1
-        else:
-            counters.slow_consumer_disconnects += 1
-            self.kill("slow-consumer")
+        self.overflow()
         return False
 
     def deliver(self, frame: bytes, routed: Routed) -> None:

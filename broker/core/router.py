@@ -25,17 +25,14 @@ from typing import Any
 
 import attrs
 
-from wire.skan import encode_frame
+from broker.core.reasons import CloseReason
 
 NORMAL = 0
 MEONLY = 1
 PROMISC = 2
 SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
-SUBTYPE_NAMES = {v: k.decode() for k, v in SUBTYPES.items()}
 
 STAR = b"*"
-
-PROTOCOLS = ("skan", "hsp", "eventer", "mariner", "bridge-hsp", "bridge-eventer", "bridge-mariner")
 
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
@@ -51,12 +48,6 @@ DEFAULT_MAX_SUBSCRIPTIONS = 10_000
 
 # Cache key: (group, instance, to, is-reply).
 CacheKey = tuple[bytes, bytes, bytes, bool]
-
-
-class FrameTooLarge(ValueError):
-    """A frame the broker built (from an HSP payload, a Hat event, a bridged
-    event) is larger than ``max_frame``; it was counted and must be refused at
-    the edge where it entered, with that protocol's error."""
 
 
 class _GroupMembers:
@@ -169,6 +160,10 @@ class Counters:
     # "protocol:reason" -> count; see protocol_error() and drop().
     errors: dict[str, int] = attrs.Factory(dict)
     drops: dict[str, int] = attrs.Factory(dict)
+    # "protocol:reason" -> connections refused at accept (max_connections).
+    refused: dict[str, int] = attrs.Factory(dict)
+    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
+    accept_errors: int = 0
 
     def protocol_error(self, protocol: str, reason: str) -> None:
         """Count one protocol error.  ``reason`` is a short fixed label
@@ -176,6 +171,11 @@ class Counters:
         self.protocol_errors += 1
         key = f"{protocol}:{reason}"
         self.errors[key] = self.errors.get(key, 0) + 1
+
+    def refuse(self, protocol: str, reason: str) -> None:
+        """Count one connection refused at accept (a RefusalReason label)."""
+        key = f"{protocol}:{reason}"
+        self.refused[key] = self.refused.get(key, 0) + 1
 
     def drop(self, protocol: str, reason: str) -> None:
         """Count one message dropped for a reason other than a full outgoing queue
@@ -245,7 +245,8 @@ class Router:
         # Per connection (instance subscriptions plus patterns); past it a
         # subscribe is refused (counted), see subscribe().
         self.max_subscriptions = max_subscriptions
-        # Bound on frames the broker builds itself (None: unchecked), see build_frame().
+        # Bound on frames the broker builds itself (None: unchecked), see
+        # broker.core.inject.check_injected().
         self.max_frame = max_frame
         self.started = clock()
         self.counters = Counters()
@@ -308,7 +309,7 @@ class Router:
         self._invalidate_target(lname)
         return lname
 
-    def detach(self, endpoint: Endpoint, reason: str = "closed") -> None:
+    def detach(self, endpoint: Endpoint, reason: str = CloseReason.CLOSED) -> None:
         """Remove a connection and every subscription it holds.  Idempotent."""
         if self.endpoints.get(endpoint.lname) is not endpoint:
             return
@@ -636,28 +637,6 @@ class Router:
             for ep in dict.fromkeys(dirty):
                 if not ep.closed:
                     ep.flush()
-
-    # ---- frames the broker builds ----------------------------------------
-
-    def build_frame(self, sender: Endpoint, message: dict[Any, Any]) -> bytes:
-        """Encode a ``send`` the broker builds for ``sender`` (an HSP payload, a
-        Hat event registered over Eventer, a bridged event) and hold it to the
-        same ``max_frame`` as received Skan frames, so no Skan client with the
-        same limit is sent a frame it must refuse.
-
-        Raises :class:`FrameTooLarge` (counted as a protocol error of the
-        sender's protocol, reason ``frame-too-large``); the caller refuses
-        the input with its own protocol's error.
-        """
-        frame = encode_frame(message)
-        limit = self.max_frame
-        if limit is not None and len(frame) - 4 > limit:
-            self.counters.built_too_large += 1
-            self.counters.protocol_error(sender.protocol, "frame-too-large")
-            raise FrameTooLarge(
-                f"its Skan message of {len(frame) - 4} bytes exceeds max_frame ({limit} bytes)"
-            )
-        return frame
 
     # ---- stats -----------------------------------------------------------
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from time import perf_counter
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
+from broker.core.reasons import ErrorKind
 from broker.core.router import SUBTYPES, Endpoint, Router
 from wire.skan import Nested, decode_header, encode_frame
 
@@ -83,13 +84,6 @@ class InputSlices(Generic[T]):
         self.pos = 0
 
 
-class ControlEndpoint(Protocol):
-    lname: bytes
-
-    def send_control(self, message: dict[str, Any]) -> None:
-        """Queue a broker-originated message (reply or error) to this connection."""
-
-
 @attrs.frozen
 class Rejected:
     """A well-formed message the broker refused; ``close`` ends the connection."""
@@ -97,8 +91,8 @@ class Rejected:
     reason: str
     seq: bytes | None = None
     close: bool = False
-    # Metric label of the protocol error it is counted as.
-    label: str = "rejected"
+    # Kind of protocol error it is counted as (a metric label).
+    label: ErrorKind = ErrorKind.REJECTED
 
     def error_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "error", "error": self.reason}
@@ -221,6 +215,6 @@ class SkanSession:
                 f"too many subscriptions: this connection already holds "
                 f"{self.router.max_subscriptions} (max_subscriptions)",
                 seq,
-                label="max-subscriptions",
+                label=ErrorKind.MAX_SUBSCRIPTIONS,
             )
         return None

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import trio
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from broker.core.reasons import LISTENER_PROTOCOLS
 from broker.observability.latency import RouteLatency
 from broker.observability.metrics import build_registry, prune_group_stats
 from broker.runtime.context import BrokerContext
@@ -129,10 +130,7 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         router.group_stats = {}
     if router.latency is None:
         router.latency = RouteLatency()
-    from broker.runtime.services import services  # the service list imports this module
-
-    listening = {name for name, enabled, _ in services() if enabled(cfg)}
-    protocols = ["skan", *(p for p in ("hsp", "eventer", "mariner") if p in listening)]
+    protocols: list[str] = [p for p in LISTENER_PROTOCOLS if p in ctx.services]
     protocols += sorted({f"bridge-{b.protocol}" for b in cfg.bridges})
     registry = build_registry(ctx, protocols)
     allowed = tuple(g.encode() for g in cfg.metrics.groups)

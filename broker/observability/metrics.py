@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -29,8 +29,14 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from broker.core.queue import QueuedEndpoint
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
+from broker.observability.routelog.writer import RoutingLog
+from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
+
+if TYPE_CHECKING:
+    from broker.runtime.context import BrokerContext
 
 # Groups whose counts are kept between scrapes.  Group names are chosen by
 # clients, so the table is pruned back to the allow-list plus the busiest
@@ -79,7 +85,7 @@ def prune_group_stats(
 class BrokerCollector(Collector):
     """Reads a broker's counters when Prometheus scrapes."""
 
-    def __init__(self, ctx: Any, protocols: Iterable[str] = ("skan",)) -> None:
+    def __init__(self, ctx: BrokerContext, protocols: Iterable[str] = ("skan",)) -> None:
         self.ctx = ctx
         cfg = ctx.config.metrics
         self.allowed = tuple(g.encode() for g in cfg.groups)
@@ -115,8 +121,8 @@ class BrokerCollector(Collector):
                      router.group_count)
         yield from self._groups(router)
         yield from self._bridges(ctx.bridges, router)
-        yield from self._routelog(ctx.components.get("routelog"))
-        retention = ctx.components.get("retention")
+        yield from self._routelog(ctx.routelog)
+        retention = ctx.retention
         if retention is not None:
             yield _gauge("skan_retention_messages", "Routed messages held in the retention store.",
                          len(retention))
@@ -159,6 +165,16 @@ class BrokerCollector(Collector):
             # Adapters that only bump the plain total still show up.
             errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
+        refused = CounterMetricFamily("skan_connections_refused",
+                                      "Connections refused at accept because max_connections "
+                                      "(broker-wide or the listener's) was reached.",
+                                      labels=["protocol", "reason"])
+        for key, n in sorted(c.refused.items()):
+            refused.add_metric(list(_split(key)), n)
+        yield refused
+        yield _counter("skan_accept_errors",
+                       "accept() calls that failed for lack of descriptors or memory "
+                       "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters
@@ -197,13 +213,12 @@ class BrokerCollector(Collector):
         largest = dict.fromkeys(self.protocols, 0)
         # One pass over every endpoint: keep it cheap (10,000 connections ~ 5 ms).
         for ep in list(router.endpoints.values()):
-            try:
+            if isinstance(ep, QueuedEndpoint):
                 size = ep.queue.size
-            except AttributeError:
-                pending = getattr(ep, "pending", None)  # bridge buffers hold Routed
-                if pending is None:
-                    continue
-                size = sum(len(r.frame) for r in pending)
+            elif isinstance(ep, BufferedBridgeEndpoint):  # bridge buffers hold Routed
+                size = sum(len(r.frame) for r in ep.pending)
+            else:
+                continue
             proto = ep.protocol
             total[proto] = total.get(proto, 0) + size
             if size > largest.get(proto, 0):
@@ -250,7 +265,7 @@ class BrokerCollector(Collector):
                      f"Groups with counts kept for per-group series (bounded by "
                      f"{GROUP_TRACK_LIMIT}).", len(stats))
 
-    def _bridges(self, bridges: list[Any], router: Router) -> Iterator[Metric]:
+    def _bridges(self, bridges: list[BridgeStatus], router: Router) -> Iterator[Metric]:
         if not bridges:
             return
         labels = ["bridge", "protocol"]
@@ -276,47 +291,45 @@ class BrokerCollector(Collector):
                                      labels=labels)
         pending: dict[int, int] = {}
         for ep in list(router.endpoints.values()):
-            status = getattr(ep, "status", None)
-            queue = getattr(ep, "pending", None)
-            if status is not None and queue is not None:
-                pending[id(status)] = len(queue)
+            if isinstance(ep, BufferedBridgeEndpoint):
+                pending[id(ep.status)] = len(ep.pending)
         for status in bridges:
             ids = [status.name, status.protocol]
             up.add_metric([*ids, status.address], 1 if status.up else 0)
             for attr, family in families.items():
-                family.add_metric(ids, getattr(status, attr, 0))
+                family.add_metric(ids, getattr(status, attr))
             buffered.add_metric(ids, pending.get(id(status), 0))
         yield up
         yield from families.values()
         yield buffered
 
-    def _routelog(self, log: Any) -> Iterator[Metric]:
+    def _routelog(self, log: RoutingLog | None) -> Iterator[Metric]:
         if log is None:
             return
         yield _counter("skan_routelog_records", "Routing-log records written.",
-                       getattr(log, "records", 0))
+                       log.records)
         yield _counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).",
-                       getattr(log, "files", 0))
+                       log.files)
         yield _gauge("skan_routelog_queued_records",
-                     "Routing-log records waiting for the writer.", getattr(log, "queued", 0))
+                     "Routing-log records waiting for the writer.", log.queued)
         yield _gauge("skan_routelog_lag_seconds",
                      "Age of the oldest routing-log record not yet written.",
-                     getattr(log, "lag_seconds", 0.0))
+                     log.lag_seconds)
         yield _counter("skan_routelog_backpressure_waits",
                        "Times routing waited for the routing-log writer (disk slower than "
-                       "traffic).", getattr(log, "backpressure_waits", 0))
+                       "traffic).", log.backpressure_waits)
         yield _counter("skan_routelog_backpressure_closes",
                        "Times the routing log closed its admission gate (backlog over "
-                       "[log] queue_records).", getattr(log, "backpressure_closes", 0))
+                       "[log] queue_records).", log.backpressure_closes)
         yield _counter("skan_routelog_errors",
                        "Routing-log disk operations that failed and were retried.",
-                       getattr(log, "errors", 0))
+                       log.errors)
         yield _counter("skan_routelog_lost_records",
                        "Routing-log records given up at stop because the disk kept failing.",
-                       getattr(log, "lost", 0))
+                       log.lost)
         yield _gauge("skan_routelog_writer_failed",
                      "1 once the routing-log writer has stopped on an unexpected error.",
-                     0 if getattr(log, "failure", None) is None else 1)
+                     0 if log.failure is None else 1)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -327,7 +340,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def build_registry(ctx: Any, protocols: Iterable[str] = ("skan",)) -> CollectorRegistry:
+def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",)) -> CollectorRegistry:
     """A private registry: the broker's collector plus process, platform and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(ctx, protocols))

@@ -14,6 +14,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
+from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,14 @@ async def run(
     ctx_out: list[BrokerContext] | None = None,
 ) -> None:
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
-    ctx = BrokerContext(config=config, router=Router(
-        max_subscriptions=config.broker.max_subscriptions, max_frame=config.broker.max_frame,
-    ))
-    retention = RetentionStore(config.retention.size)
-    retention.attach(ctx.router)
-    ctx.components["retention"] = retention
+    config = apply_descriptor_limit(config)
+    enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
+    router = Router(max_subscriptions=config.broker.max_subscriptions,
+                    max_frame=config.broker.max_frame)
+    ctx = BrokerContext(config=config, router=router,
+                        services=tuple(name for name, _ in enabled))
+    ctx.retention = RetentionStore(config.retention.size)
+    ctx.retention.attach(ctx.router)
     if ctx_out is not None:
         ctx_out.append(ctx)
     if stop is None:
@@ -47,9 +50,7 @@ async def run(
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:
             lines = []
-            for name, enabled, serve in services():
-                if not enabled(config):
-                    continue
+            for name, serve in enabled:
                 addrs = await svc_nursery.start(serve, ctx)
                 log.info("service %s started", name)
                 lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]

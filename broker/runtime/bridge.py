@@ -1,11 +1,13 @@
-"""What every bridge shares: its status, its endpoint buffer, the reconnect loop.
+"""What every bridge shares: status, endpoint buffer, dialler, reconnect loop.
 
 A bridge is a routing endpoint (so routed messages reach it like any
 client) whose deliveries go into a bounded buffer that the bridge's own
 tasks drain towards the remote peer.  The protocol-specific part is one
-``session(status)`` coroutine that connects, runs until the connection
-fails, and returns or raises; :func:`run_bridge` reconnects it with capped
-exponential backoff and keeps the status that metrics export.
+``session(status)`` coroutine that dials with :func:`open_bridge_stream`
+(the one TCP/TLS dialler of every bridge), runs until the connection fails,
+and returns or raises; :func:`run_bridge` keeps the endpoint attached for
+the bridge's lifetime and reconnects the session with capped exponential
+backoff, keeping the status that metrics export.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from broker.core.router import Endpoint, Routed
+from broker.core.reasons import CloseReason
+from broker.core.router import NORMAL, Endpoint, Routed, Router
 from broker.runtime.config import BridgeSection
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +111,42 @@ def bridge_name(index: int, cfg: BridgeSection) -> str:
 
 
 async def run_bridge(
+    router: Router,
+    ep: Endpoint,
+    status: BridgeStatus,
+    cfg: BridgeSection,
+    session: Callable[[BridgeStatus], Awaitable[None]],
+    *,
+    subscribe: bool = True,
+) -> None:
+    """Attach ``ep`` (subscribed to the bridge's group and instance unless
+    ``subscribe`` is false) for as long as the bridge runs, and run
+    ``session`` forever, reconnecting with capped exponential backoff plus jitter.
+
+    The endpoint lives as long as the broker, so messages for the peer are
+    buffered even while it is unreachable.
+    """
+    router.attach(ep)
+    if subscribe:
+        router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+    try:
+        await _reconnect_forever(status, cfg, session)
+    finally:
+        router.detach(ep, CloseReason.BRIDGE_STOPPED)
+
+
+async def _reconnect_forever(
     status: BridgeStatus,
     cfg: BridgeSection,
     session: Callable[[BridgeStatus], Awaitable[None]],
 ) -> None:
-    """Run ``session`` forever, reconnecting with capped exponential backoff plus jitter."""
     delay = cfg.backoff_initial
     while True:
         try:
             await session(status)
             status.last_error = "connection closed"
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
-                ValueError) as exc:
+                ProtocolError) as exc:
             status.last_error = f"{type(exc).__name__}: {exc}"
         was_up = status.up
         status.up = False

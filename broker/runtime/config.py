@@ -46,6 +46,11 @@ def _non_negative(inst: Any, attr: attrs.Attribute, value: float) -> None:
         raise ValueError("must not be negative")
 
 
+def _optional_positive(inst: Any, attr: attrs.Attribute, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError("must be greater than 0 (leave it out for no limit of its own)")
+
+
 def _one_of(*choices: str):
     def check(inst: Any, attr: attrs.Attribute, value: str) -> None:
         if value not in choices:
@@ -71,6 +76,15 @@ class BrokerSection:
     slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
     # Seconds a graceful stop waits for queued frames to drain to clients.
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
+    # Client connections of all listeners together (section 9); past it a new
+    # connection gets its protocol's refusal and is closed.  Lowered at start
+    # (with a warning) when the descriptor limit cannot hold this many.
+    max_connections: int = attrs.field(default=10_000, validator=_positive)
+    # Seconds from accept to the end of the protocol's opening (Skan getlname,
+    # HSP first message, Eventer MsgInitReq, Mariner init).
+    handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
+    # Seconds a frame that has begun may take to arrive completely.
+    frame_timeout: float = attrs.field(default=30.0, validator=_positive)
     # Subscriptions (Skan instance subscriptions plus Hat patterns) one
     # connection may hold; past it a subscribe is refused (counted).
     max_subscriptions: int = attrs.field(
@@ -92,12 +106,20 @@ class _Listener:
 
 
 @attrs.frozen
-class SkanSection(_Listener):
+class _ProtocolListener(_Listener):
+    """A listener of client connections (Skan, HSP, Eventer, Mariner)."""
+
+    # This listener's own connection limit, within [broker] max_connections.
+    max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
+
+
+@attrs.frozen
+class SkanSection(_ProtocolListener):
     port: int = _port_field(9912)
 
 
 @attrs.frozen
-class _PeerListener(_Listener):
+class _PeerListener(_ProtocolListener):
     """A listener that can be turned off and keeps idle peers alive with pings."""
 
     enabled: bool = True

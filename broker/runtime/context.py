@@ -1,16 +1,23 @@
-"""What every service of a running broker shares."""
+"""What every service of a running broker shares: one typed context object."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from broker.core.router import Router
 from broker.runtime.config import Config
-from broker.runtime.transport import Connections
+from broker.runtime.transport import ConnectionLimits, Connections
+
+if TYPE_CHECKING:
+    from broker.core.retention import RetentionStore
+    from broker.observability.routelog.writer import RoutingLog
+    from broker.protocols.eventer.listener import EventerService
+    from broker.protocols.eventer.query import LatestTable
+    from broker.runtime.bridge import BridgeStatus
 
 
 @attrs.define(eq=False)
@@ -18,6 +25,14 @@ class BrokerContext:
     config: Config
     router: Router
     connections: Connections = attrs.Factory(Connections)
+    # Live client connections against [broker] max_connections and each
+    # listener's own (see broker.runtime.transport.serve_protocol).
+    limits: ConnectionLimits = attrs.Factory(
+        lambda self: ConnectionLimits(self.config.broker.max_connections), takes_self=True
+    )
+    # Names of the services this broker runs (see broker.runtime.services),
+    # known before any starts, so e.g. metrics know which listeners exist.
+    services: tuple[str, ...] = ()
     # Connection handlers of every listener run here, outside the accept
     # loops, so a graceful stop can close the listeners first and then drain.
     conn_nursery: trio.Nursery | None = None
@@ -26,15 +41,9 @@ class BrokerContext:
     # Async hooks run after connections have drained (e.g. flush the routing log).
     on_stopped: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     # Bridge status objects, one per [[bridges]] entry (metrics export them).
-    bridges: list[Any] = attrs.Factory(list)
-    # Optional components other services look up by name (retention store, log writer, ...).
-    components: dict[str, Any] = attrs.Factory(dict)
-
-    async def serve(self, listeners: list[trio.abc.Listener], handle) -> None:
-        """Accept on ``listeners``; each connection runs in the shared connection nursery."""
-        from broker.runtime.transport import make_handler
-
-        assert self.conn_nursery is not None
-        await trio.serve_listeners(
-            make_handler(handle), listeners, handler_nursery=self.conn_nursery
-        )
+    bridges: list[BridgeStatus] = attrs.Factory(list)
+    # Optional components, set by the service that owns them (None when off).
+    retention: RetentionStore | None = None
+    routelog: RoutingLog | None = None
+    eventer: EventerService | None = None
+    latest: LatestTable | None = None

@@ -1,23 +1,37 @@
-"""The thin trio layer every listener shares: listeners, TLS, connection tasks.
+"""The thin trio layer every listener and bridge shares.
 
-One connection = one nursery holding a reader loop, a writer task and, for
-protocols with keep-alive, an idle pinger.  The reader hands each received
-chunk to the adapter's synchronous ``on_bytes`` (which decodes and routes
-the whole chunk without a checkpoint) and then ends the routing batch.  The
-writer parks until its queue has data, then sends everything queued at once.
+One accepted connection = one nursery holding a reader loop, the writer
+loop and, for protocols with keep-alive, the idle pinger.  The reader hands
+each received chunk to the endpoint's synchronous ``on_bytes`` (which
+decodes and routes the whole chunk without a checkpoint) and then ends the
+routing batch.  The writer parks until its queue has data, then sends
+everything queued at once.
+
+:func:`serve_protocol` is the one accept loop: listeners (TCP or TLS), the
+connection limits of BROKER-SPEC section 9 (``max_connections`` broker-wide
+and per listener, ``handshake_timeout``, ``frame_timeout``), descriptor
+exhaustion handled without a log storm, and :func:`run_connection` per
+connection.  A protocol adapter only says how to make its endpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.core.queue import RECV_CHUNK, QueuedEndpoint
+from broker.core.queue import RECV_CHUNK, OutQueue, QueuedEndpoint
+from broker.core.reasons import CloseReason, ErrorKind, Protocol, RefusalReason
 from broker.core.router import Router
+from clients.common import idle_pinger
+
+if TYPE_CHECKING:
+    from broker.runtime.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +39,20 @@ log = logging.getLogger(__name__)
 # frames arrive in big batches (one routing batch per chunk), small enough
 # that one connection cannot monopolise the loop for long.
 RECV_SIZE = RECV_CHUNK
+
+# accept() errors that mean "out of a resource" (descriptors, kernel memory):
+# the listener keeps going, waiting ACCEPT_RETRY between attempts, and says
+# so once per ACCEPT_LOG_INTERVAL instead of once per failed accept.
+ACCEPT_CAPACITY_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+)
+# Seconds between accept attempts while out of descriptors: short enough
+# that service resumes quickly once some are freed, long enough not to spin.
+ACCEPT_RETRY = 0.1
+# Seconds between two log lines about failing accepts (one listener).
+ACCEPT_LOG_INTERVAL = 10.0
+# Seconds a refused connection gets to receive its refusal before it is closed.
+REFUSAL_SEND_TIMEOUT = 1.0
 
 
 def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
@@ -95,7 +123,6 @@ class Connections:
 
     def __init__(self) -> None:
         self._stops: set[Callable[[], None]] = set()
-        self.stopping = False
         self.gate = AdmissionGate()
 
     def add(self, stop: Callable[[], None]) -> None:
@@ -105,7 +132,6 @@ class Connections:
         self._stops.discard(stop)
 
     def stop_all(self) -> None:
-        self.stopping = True
         for stop in list(self._stops):
             stop()
 
@@ -113,32 +139,55 @@ class Connections:
         return len(self._stops)
 
 
-async def _writer(stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Event) -> None:
-    queue = ep.queue
+# ---- the writer loop ----------------------------------------------------------------
+
+
+def _noop() -> None:
+    pass
+
+
+async def write_loop(
+    stream: trio.abc.SendStream,
+    queue: OutQueue,
+    *,
+    done_when_empty: Callable[[], bool],
+    after_send: Callable[[], None] = _noop,
+) -> None:
+    """Send everything queued in one ``send_all`` at a time, parked while the queue is empty.
+
+    Returns when the queue is empty and ``done_when_empty()`` is true;
+    ``after_send`` runs after each send (back-pressure bookkeeping).
+    """
     lot = trio.lowlevel.ParkingLot()
     queue.wakeup = lot.unpark_all
     try:
         while True:
             if not queue.size:
-                if ep.closing is not None:
+                if done_when_empty():
                     return
                 queue.waiting = True
                 await lot.park()
                 continue
             await stream.send_all(queue.take_all())
-            if ep.drained is not None and ep.pending_bytes() <= queue.high:
-                ep.drained.set()
-                ep.drained = None
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        ep.closing = ep.closing or "reset"
+            after_send()
     finally:
         queue.waiting = False
         queue.wakeup = _noop
+
+
+async def _endpoint_writer(
+    stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Event
+) -> None:
+    try:
+        await write_loop(
+            stream, ep.queue,
+            done_when_empty=lambda: ep.closing is not None,
+            after_send=ep.notify_drained,
+        )
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        ep.closing = ep.closing or CloseReason.RESET
+    finally:
         done.set()
-
-
-def _noop() -> None:
-    pass
 
 
 async def relieve_congestion(router: Router, grace: float) -> None:
@@ -169,83 +218,103 @@ async def relieve_congestion(router: Router, grace: float) -> None:
             ep.congested_since = None
 
 
-async def idle_pinger(
-    ep: QueuedEndpoint,
-    send_ping: Callable[[], None],
-    delay: float,
-    timeout: float,
-) -> None:
-    """Ping a peer idle for ``delay`` seconds; close it if nothing arrives within ``timeout``."""
-    while True:
-        idle_until = ep.last_rx + delay
-        now = trio.current_time()
-        if now < idle_until:
-            await trio.sleep(idle_until - now)
-            continue
-        pinged_at = trio.current_time()
-        send_ping()
-        await trio.sleep(timeout)
-        if ep.last_rx < pinged_at:
-            ep.kill("ping-timeout")
-            return
+# ---- one connection ---------------------------------------------------------------------
 
 
 async def run_connection(
     stream: trio.abc.Stream,
     ep: QueuedEndpoint,
-    on_bytes: Callable[[bytes], bool | None],
     router: Router,
     connections: Connections,
     *,
     drain_timeout: float,
     grace: float = 1.0,
-    extra_tasks: Callable[[trio.Nursery], None] | None = None,
-    on_start: Callable[[], None] | None = None,
+    ping: tuple[float, float] | None = None,
+    handshake_timeout: float | None = None,
+    frame_timeout: float | None = None,
 ) -> None:
-    """Drive one accepted connection until EOF, error, kill or shutdown.
+    """Drive one accepted connection until EOF, error, kill, timeout or shutdown.
 
-    ``on_bytes`` must be synchronous and may set ``ep.closing`` to end the
-    connection after what it queued (e.g. an error frame) has been sent.
+    ``ep.on_bytes`` must be synchronous and may set ``ep.closing`` to end
+    the connection after what it queued (e.g. an error frame) has been sent.
+    ``ping`` is ``(delay, timeout)`` for protocols with keep-alive.  A
+    connection whose ``ep.opened`` is still false ``handshake_timeout``
+    seconds after accept, or that holds the same incomplete frame for
+    ``frame_timeout`` seconds (``ep.partial_bytes()``), is closed (counted
+    as a protocol error).
     """
     writer_done = trio.Event()
     counters = router.counters
     reader_scope = trio.CancelScope()
     conn_scope = trio.CancelScope()
-    ep.last_rx = trio.current_time()
+    now = trio.current_time()
+    ep.last_rx = now
+    handshake_deadline = (
+        now + handshake_timeout if handshake_timeout is not None else float("inf")
+    )
+    frame_started: float | None = None
+    on_bytes = ep.on_bytes
 
     def kill(reason: str) -> None:
         # Called synchronously from routing (slow consumer) or the pinger.
-        if ep.closing is None or ep.closing == "shutdown":
+        if ep.closing is None or ep.closing == CloseReason.SHUTDOWN:
             ep.closing = reason
         router.detach(ep, reason)
         conn_scope.cancel()
 
     def stop() -> None:
-        ep.closing = ep.closing or "shutdown"
+        ep.closing = ep.closing or CloseReason.SHUTDOWN
         reader_scope.cancel()
+
+    async def pinger(delay: float, timeout: float) -> None:
+        async def send_ping() -> None:
+            ep.send_ping()
+
+        await idle_pinger(lambda: ep.last_rx, send_ping, delay, timeout)
+        ep.kill(CloseReason.PING_TIMEOUT)
+
+    def timed_out(kind: ErrorKind, reason: CloseReason, what: str) -> None:
+        counters.protocol_error(ep.protocol, kind)
+        log.info("%s %s: closing: %s", ep.protocol, ep.lname.decode(), what)
+        ep.closing = reason
 
     try:
         with conn_scope:
             async with trio.open_nursery() as nursery:
                 ep.kill = kill
                 connections.add(stop)
-                nursery.start_soon(_writer, stream, ep, writer_done)
-                if extra_tasks is not None:
-                    extra_tasks(nursery)
-                if on_start is not None:
-                    on_start()
+                nursery.start_soon(_endpoint_writer, stream, ep, writer_done)
+                if ping is not None:
+                    nursery.start_soon(pinger, *ping)
+                ep.start(nursery)
                 gate = connections.gate
                 with reader_scope:
                     while ep.closing is None:
                         if gate.closed:
                             await gate.wait_open()
-                        try:
-                            data = await stream.receive_some(RECV_SIZE)
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            ep.closing = "reset"
+                        deadline = handshake_deadline if not ep.opened else float("inf")
+                        if frame_started is not None and frame_timeout is not None:
+                            deadline = min(deadline, frame_started + frame_timeout)
+                        data = None
+                        with trio.move_on_at(deadline):
+                            try:
+                                data = await stream.receive_some(RECV_SIZE)
+                            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                                ep.closing = CloseReason.RESET
+                                break
+                        if data is None:
+                            if not ep.opened and trio.current_time() >= handshake_deadline:
+                                timed_out(ErrorKind.HANDSHAKE_TIMEOUT,
+                                          CloseReason.HANDSHAKE_TIMEOUT,
+                                          f"no {ep.protocol} handshake within "
+                                          f"{handshake_timeout}s")
+                            else:
+                                timed_out(ErrorKind.FRAME_TIMEOUT, CloseReason.FRAME_TIMEOUT,
+                                          f"a frame was not completed within "
+                                          f"{frame_timeout}s")
                             break
                         if not data:
-                            ep.closing = "eof"
+                            ep.closing = CloseReason.EOF
                             break
                         ep.last_rx = trio.current_time()
                         # Routing latency (metrics): one clock pair per chunk, never per message.
@@ -253,6 +322,7 @@ async def run_connection(
                         if latency is not None:
                             routed_before = counters.msgs_in
                             started = time.perf_counter()
+                        held = ep.partial_bytes()
                         try:
                             more = on_bytes(data)
                         finally:
@@ -261,9 +331,16 @@ async def run_connection(
                             latency.observe(
                                 time.perf_counter() - started, counters.msgs_in - routed_before
                             )
+                        partial = ep.partial_bytes()
+                        if not partial:
+                            frame_started = None
+                        elif frame_started is None or partial < held + len(data):
+                            # A frame completed in this chunk, so the incomplete
+                            # one began in it: its clock starts now.
+                            frame_started = ep.last_rx
                         if router.congested:
                             await relieve_congestion(router, grace)
-                        # Bounded work per slice: an adapter that stopped at its
+                        # Bounded work per slice: an endpoint that stopped at its
                         # slice bound (broker.core.session.SLICE_SECONDS) with input
                         # left is resumed after a checkpoint, so one connection's
                         # burst never holds the event loop for the whole chunk.
@@ -276,23 +353,109 @@ async def run_connection(
                             if router.congested:
                                 await relieve_congestion(router, grace)
                 # Let the writer send what is queued (error frame, replies), then close.
-                router.detach(ep, ep.closing or "closed")
+                router.detach(ep, ep.closing or CloseReason.CLOSED)
                 ep.queue.wakeup()
                 with trio.move_on_after(drain_timeout):
                     await writer_done.wait()
                 conn_scope.cancel()
     except trio.BrokenResourceError:
-        ep.closing = ep.closing or "reset"
+        ep.closing = ep.closing or CloseReason.RESET
     finally:
         connections.discard(stop)
-        router.detach(ep, ep.closing or "closed")
+        router.detach(ep, ep.closing or CloseReason.CLOSED)
+        ep.on_closed()
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             await trio.aclose_forcefully(stream)
 
 
+# ---- accepting ------------------------------------------------------------------------------
+
+
+class ConnectionLimits:
+    """Live connection counts against ``max_connections`` (broker-wide and per listener).
+
+    Counts every accepted client connection of the four protocol listeners
+    (bridges and metrics clients are not counted).
+    """
+
+    def __init__(self, broker_max: int) -> None:
+        self.broker_max = broker_max
+        self.total = 0
+        self.per_listener: dict[str, int] = {}
+
+    def admit(self, protocol: str, listener_max: int | None) -> RefusalReason | None:
+        """Take a slot for a new connection, or say why there is none."""
+        if self.total >= self.broker_max:
+            return RefusalReason.BROKER_LIMIT
+        mine = self.per_listener.get(protocol, 0)
+        if listener_max is not None and mine >= listener_max:
+            return RefusalReason.LISTENER_LIMIT
+        self.total += 1
+        self.per_listener[protocol] = mine + 1
+        return None
+
+    def release(self, protocol: str) -> None:
+        self.total -= 1
+        self.per_listener[protocol] -= 1
+
+
+class AcceptErrorLog:
+    """Says that accept() is failing once per interval, with how often, never per failure."""
+
+    def __init__(self, protocol: str, interval: float = ACCEPT_LOG_INTERVAL) -> None:
+        self.protocol = protocol
+        self.interval = interval
+        self.failures = 0
+        self._last_logged: float | None = None
+        self._since_log = 0
+
+    def failed(self, exc: OSError) -> None:
+        self.failures += 1
+        self._since_log += 1
+        now = trio.current_time()
+        if self._last_logged is None or now - self._last_logged >= self.interval:
+            log.warning(
+                "%s listener: accept failed %d time(s) in the last %.0fs (%s); existing "
+                "connections are still served, new ones wait (this message is repeated "
+                "at most every %.0fs)",
+                self.protocol, self._since_log,
+                self.interval if self._last_logged is not None else 0.0,
+                errno.errorcode.get(exc.errno or 0, str(exc.errno)), self.interval,
+            )
+            self._last_logged = now
+            self._since_log = 0
+
+
+async def accept_loop(
+    listener: trio.abc.Listener,
+    handle: Callable[[trio.abc.Stream], Any],
+    nursery: trio.Nursery,
+    errors: AcceptErrorLog,
+    on_accept_error: Callable[[], None] = _noop,
+) -> None:
+    """Accept forever, starting ``handle(stream)`` in ``nursery`` for each connection.
+
+    Running out of descriptors (EMFILE, ENFILE, ...) pauses this listener
+    for ACCEPT_RETRY and is logged through ``errors``; other OSErrors are
+    the listener's end (they propagate).
+    """
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                errors.failed(exc)
+                on_accept_error()
+                await trio.sleep(ACCEPT_RETRY)
+                continue
+            nursery.start_soon(handle, stream)
+
+
 def make_handler(
-    factory: Callable[[trio.abc.Stream], Awaitable[None]],
-) -> Callable[[trio.abc.Stream], Awaitable[None]]:
+    factory: Callable[[trio.abc.Stream], Any],
+) -> Callable[[trio.abc.Stream], Any]:
     """Wrap a per-connection coroutine so no exception from one peer reaches the listener."""
 
     async def handler(stream: trio.abc.Stream) -> None:
@@ -304,3 +467,74 @@ def make_handler(
             log.exception("connection handler failed")
 
     return handler
+
+
+async def _refuse(stream: trio.abc.Stream, refusal: bytes | None) -> None:
+    """Send a protocol's refusal (if it has one) and close, bounded in time."""
+    try:
+        if refusal:
+            with trio.move_on_after(REFUSAL_SEND_TIMEOUT):
+                await stream.send_all(refusal)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await trio.aclose_forcefully(stream)
+
+
+async def serve_protocol(
+    ctx: BrokerContext,
+    protocol: Protocol,
+    section: Any,
+    new_endpoint: Callable[[], QueuedEndpoint],
+    *,
+    refusal: bytes | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve one protocol's listener(s) until cancelled: the one accept path of every protocol.
+
+    ``section`` is the listener's config section (port, TLS, per-listener
+    ``max_connections``, and ``ping_delay``/``ping_timeout`` for protocols
+    with keep-alive).  ``new_endpoint()`` makes a fresh endpoint, which this
+    attaches to the router and runs with :func:`run_connection`.  A
+    connection over a limit gets ``refusal`` (the protocol's own way of
+    saying "too many connections", if any) and is closed; counted.
+    """
+    cfg = ctx.config.broker
+    router = ctx.router
+    listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key)
+    keep_alive = (
+        (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
+    )
+    listener_max = getattr(section, "max_connections", None)
+    limits = ctx.limits
+    errors = AcceptErrorLog(protocol)
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        refused = limits.admit(protocol, listener_max)
+        if refused is not None:
+            router.counters.refuse(protocol, refused)
+            await _refuse(stream, refusal)
+            return
+        try:
+            ep = new_endpoint()
+            router.attach(ep)
+            await run_connection(
+                stream, ep, router, ctx.connections,
+                drain_timeout=cfg.drain_timeout, grace=cfg.slow_consumer_grace,
+                ping=keep_alive, handshake_timeout=cfg.handshake_timeout,
+                frame_timeout=cfg.frame_timeout,
+            )
+        finally:
+            limits.release(protocol)
+
+    def accept_failed() -> None:
+        router.counters.accept_errors += 1
+
+    handler = make_handler(handle)
+    task_status.started([(str(protocol), *listener_address(lst)) for lst in listeners])
+    assert ctx.conn_nursery is not None
+    async with trio.open_nursery() as nursery:
+        for lst in listeners:
+            nursery.start_soon(accept_loop, lst, handler, ctx.conn_nursery, errors,
+                               accept_failed)

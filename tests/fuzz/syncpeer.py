@@ -54,7 +54,7 @@ class SyncBystander:
         sock.sendall(encode_frame(msg))
         splitter = FrameSplitter(1 << 20)
         while True:
-            frames = splitter.feed(sock.recv(65536))
+            frames = splitter.receive_data(sock.recv(65536))
             if frames:
                 return decode(frames[0][4:])
 
@@ -77,7 +77,7 @@ class SyncBystander:
             data = self.sub.recv(65536)
             if not data:
                 raise ConnectionError("the broker closed the bystander's connection")
-            self._frames.extend(self._splitter.feed(data))
+            self._frames.extend(self._splitter.receive_data(data))
 
     def close(self) -> None:
         self.pub.close()

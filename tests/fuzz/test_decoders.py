@@ -22,10 +22,10 @@ from tests.fuzz import grammar
 from tests.fuzz.conftest import FINDINGS, PROFILE, tally
 from wire import hsp
 from wire import mariner as mw
-from wire.chatter import ChatterError
+from wire.errors import RemoteProtocolError
 from wire.eventer import ServerConnection
 from wire.http import RequestReader
-from wire.skan import FrameError, FrameSplitter, SkanError, decode, encode_frame
+from wire.skan import FrameSplitter, decode, encode_frame
 
 MAX = 1 << 20
 # One decoder call on a few KiB of input; far above it is a per-message CPU
@@ -77,20 +77,20 @@ def test_skan_framing_codec_and_session(chunks):
     session = SkanSession(router, ep)
 
     def step(chunk: bytes) -> None:
-        for frame in splitter.feed(chunk):
-            with contextlib.suppress(SkanError):
+        for frame in splitter.receive_data(chunk):
+            with contextlib.suppress(RemoteProtocolError):
                 decode(frame[4:])
             session.handle(frame)
         router.end_batch()
 
-    _feed("decoder skan", chunks, step, (SkanError, FrameError))
+    _feed("decoder skan", chunks, step, (RemoteProtocolError,))
 
 
 @settings.get_profile(PROFILE)  # type: ignore[misc]
 @given(chunked(grammar.hsp_streams))
 def test_hsp_connection(chunks):
     conn = hsp.HSPConnection(MAX)
-    _feed("decoder hsp", chunks, conn.receive, (hsp.ProtocolError,))
+    _feed("decoder hsp", chunks, conn.receive_data, (RemoteProtocolError,))
 
 
 @settings.get_profile(PROFILE)  # type: ignore[misc]
@@ -101,14 +101,14 @@ def test_eventer_server_connection(chunks):
     def step(chunk: bytes) -> None:
         conn.receive_data(chunk, 0.0)
 
-    _feed("decoder eventer", chunks, step, (ChatterError,))
+    _feed("decoder eventer", chunks, step, (RemoteProtocolError,))
 
 
 @settings.get_profile(PROFILE)  # type: ignore[misc]
 @given(chunked(grammar.mariner_streams))
 def test_mariner_server_connection(chunks):
     conn = mw.MarinerConnection(mw.SERVER, MAX)
-    _feed("decoder mariner", chunks, conn.receive_data, (mw.ProtocolError,))
+    _feed("decoder mariner", chunks, conn.receive_data, (RemoteProtocolError,))
 
 
 @settings.get_profile(PROFILE)  # type: ignore[misc]

@@ -16,10 +16,10 @@ from tests.brokerproc import BrokerProcess
 from tests.fuzz.syncpeer import SyncBystander, send_stream
 from wire import hsp
 from wire import mariner as mw
-from wire.chatter import ChatterError
+from wire.errors import RemoteProtocolError
 from wire.eventer import ClientConnection, InitReq, ServerConnection
 from wire.http import RequestReader
-from wire.skan import FrameError, FrameSplitter, SkanError, decode, encode_frame
+from wire.skan import FrameSplitter, decode, encode_frame
 
 
 def _mariner(text: str) -> bytes:
@@ -97,14 +97,14 @@ def _cases(crashers: dict[str, bytes]) -> list:
 @pytest.mark.parametrize("name", _cases(MARINER_CRASHERS))
 def test_mariner_decoder(name):
     conn = mw.MarinerConnection(mw.SERVER, 1 << 20)
-    with contextlib.suppress(mw.ProtocolError):
+    with contextlib.suppress(RemoteProtocolError):
         conn.receive_data(MARINER_CRASHERS[name])
 
 
 @pytest.mark.parametrize("name", _cases(EVENTER_CRASHERS))
 def test_eventer_decoder(name):
     conn = ServerConnection(max_message=1 << 24)
-    with contextlib.suppress(ChatterError):
+    with contextlib.suppress(RemoteProtocolError):
         conn.receive_data(EVENTER_CRASHERS[name], 0.0)
 
 
@@ -115,15 +115,15 @@ def test_http_decoder(name):
 
 @pytest.mark.parametrize("name", _cases(SKAN_CRASHERS))
 def test_skan_decoder(name):
-    for frame in FrameSplitter(8 << 20).feed(SKAN_CRASHERS[name]):
-        with contextlib.suppress(SkanError, FrameError):
+    for frame in FrameSplitter(8 << 20).receive_data(SKAN_CRASHERS[name]):
+        with contextlib.suppress(RemoteProtocolError):
             decode(frame[4:])
 
 
 @pytest.mark.parametrize("name", _cases(HSP_CRASHERS))
 def test_hsp_decoder(name):
-    with contextlib.suppress(hsp.ProtocolError):
-        hsp.HSPConnection(8 << 20).receive(HSP_CRASHERS[name])
+    with contextlib.suppress(RemoteProtocolError):
+        hsp.HSPConnection(8 << 20).receive_data(HSP_CRASHERS[name])
 
 
 LISTENER_CRASHERS = {

@@ -108,7 +108,7 @@ class Bystander:
             if not data:
                 return
             now = time.perf_counter()
-            for frame in splitter.feed(data):
+            for frame in splitter.receive_data(data):
                 msg = decode(frame[4:])
                 seq = msg.get(b"seq")
                 if seq is not None and msg.get(b"group") == GROUP.encode():

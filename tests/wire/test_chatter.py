@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from wire.chatter import (
     ChatterConnection,
-    ChatterError,
     Conversation,
     Envelope,
     FrameSplitter,
@@ -22,6 +21,7 @@ from wire.chatter import (
     encode_frame,
     sbs,
 )
+from wire.errors import LocalProtocolError, RemoteProtocolError
 
 VECTORS = json.loads((pathlib.Path(__file__).parent / "hat_vectors.json").read_text())
 V = VECTORS["vectors"]
@@ -51,22 +51,22 @@ def test_splitter_reassembles_any_chunking(bodies, chunk):
     splitter = FrameSplitter(1000)
     out = []
     for i in range(0, len(stream), chunk):
-        out += splitter.feed(stream[i : i + chunk])
+        out += splitter.receive_data(stream[i : i + chunk])
     assert out == bodies
     assert splitter.buffered == 0
 
 
 def test_splitter_accepts_long_and_zero_length_headers():
     # m = 3 for a 2-byte body (longer than needed) and m = 0 (k = 0).
-    assert FrameSplitter(10).feed(b"\x03\x00\x00\x02ab\x00") == [b"ab", b""]
+    assert FrameSplitter(10).receive_data(b"\x03\x00\x00\x02ab\x00") == [b"ab", b""]
 
 
 def test_splitter_refuses_oversized_announcement_before_buffering():
     splitter = FrameSplitter(1024)
     with pytest.raises(FramingError, match="exceeds the limit"):
-        splitter.feed(b"\x08" + (2**60).to_bytes(8, "big"))
+        splitter.receive_data(b"\x08" + (2**60).to_bytes(8, "big"))
     with pytest.raises(FramingError):
-        FrameSplitter(10).feed(b"\x01\x0b")
+        FrameSplitter(10).receive_data(b"\x01\x0b")
 
 
 # ---- SBS -------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_guard_refuses_malformed_input(name, data, match):
 
 def test_unknown_type_name_is_refused():
     assert not sbs.known("HatEventer.Nope")
-    with pytest.raises(sbs.SbsError):
+    with pytest.raises(LocalProtocolError):
         sbs.encode("HatEventer.Timestamp", {"s": "x", "us": 0})
     with pytest.raises(sbs.SbsError, match="unknown SBS type"):
         sbs.decode("HatEventer.Nope", b"")
@@ -212,7 +212,7 @@ def test_conversation_token_and_last_flags():
     conv = client.send_value("HatEventer.MsgQueryReq", ("latest", {"eventTypes": ("none", None)}),
                              last=False)
     (req,) = pump(client, server)
-    with pytest.raises(RuntimeError, match="token"):
+    with pytest.raises(LocalProtocolError, match="token"):
         client.send_value("HatEventer.MsgEventsAck", None, conv=conv)
     server.send_value("HatEventer.MsgQueryRes", {"events": [], "moreFollows": False},
                       conv=req.conv, last=False, token=False)
@@ -222,7 +222,7 @@ def test_conversation_token_and_last_flags():
     a, b = pump(server, client)
     assert (a.conv, a.last, b.last) == (conv, False, True)
     assert not client.is_open(conv) and not server.is_open(req.conv)
-    with pytest.raises(RuntimeError, match="over"):
+    with pytest.raises(LocalProtocolError, match="over"):
         server.send_value("HatEventer.MsgEventsAck", None, conv=req.conv)
 
 
@@ -235,13 +235,13 @@ def test_message_while_we_hold_the_token_is_a_protocol_error():
     forged = sbs.encode("HatChatter.Msg", {
         "id": 2, "first": req.conv.first, "owner": True, "token": True, "last": False,
         "data": {"type": "HatEventer.MsgEventsAck", "data": b""}})
-    with pytest.raises(ChatterError, match="token"):
+    with pytest.raises(RemoteProtocolError, match="token"):
         server.receive_data(encode_frame(forged))
 
 
 def test_ids_must_increase():
     conn, _ = server_after("eventer_A_hatchatter_init_req")
-    with pytest.raises(ChatterError, match="does not increase"):
+    with pytest.raises(RemoteProtocolError, match="does not increase"):
         conn.receive_data(frame("eventer_A_hatchatter_init_req"))
 
 
@@ -258,19 +258,19 @@ def test_garbage_first_message(data, match):
     if match is None:
         assert conn.receive_data(data) == []
         return
-    with pytest.raises(ChatterError, match=match):
+    with pytest.raises(RemoteProtocolError, match=match):
         conn.receive_data(data)
 
 
 def test_unknown_type_closes():
     body = sbs.encode("HatChatter.Msg", {"id": 1, "first": 1, "owner": True, "token": True,
                                          "last": True, "data": {"type": "Foo.Bar", "data": b""}})
-    with pytest.raises(ChatterError, match="neither"):
+    with pytest.raises(RemoteProtocolError, match="neither"):
         ChatterConnection().receive_data(encode_frame(body))
     client, server = client_server()
     client.send_value("HatEventer.MsgEventsAck", None)
     pump(client, server)
-    with pytest.raises(ChatterError, match="unknown message type"):
+    with pytest.raises(RemoteProtocolError, match="unknown message type"):
         server.receive_data(encode_frame(sbs.encode("HatChatter.Msg", {
             "id": 5, "first": 5, "owner": True, "token": True, "last": True,
             "data": {"type": "HatChatter.Msg", "data": b""}})))

@@ -58,7 +58,7 @@ def test_every_recorded_vector_is_covered():
 @pytest.mark.parametrize(("hexstr", "event"), EXPECTED, ids=[e[0] for e in EXPECTED])
 def test_vector_decode_and_encode(hexstr, event):
     raw = bytes.fromhex(hexstr)
-    assert Decoder().feed(raw) == [event]
+    assert Decoder().receive_data(raw) == [event]
     assert encode(event) == raw
 
 
@@ -67,7 +67,7 @@ def test_all_vectors_byte_by_byte_in_one_stream():
     dec = Decoder()
     got = []
     for i in range(len(stream)):
-        got += dec.feed(stream[i : i + 1])
+        got += dec.receive_data(stream[i : i + 1])
     assert got == [e for _, e in EXPECTED]
     assert dec.buffered == 0
 
@@ -76,7 +76,7 @@ def test_spec_integer_examples_and_payload_accessors():
     # specs/hsp.txt: 2-Byte 45678 = b2 6e, 4-Byte 13500844 = 00 ce 01 ac, "Hello" ByteArray.
     assert encode(Data.make(45678, b"Hello")) == bytes.fromhex("00b26e0000000548656c6c6f")
     assert encode(Ack(13500844)) == bytes.fromhex("0200ce01ac")
-    d = Decoder().feed(bytes.fromhex("0000070000000568656c6c6f"))[0]
+    d = Decoder().receive_data(bytes.fromhex("0000070000000568656c6c6f"))[0]
     assert d.payload == b"hello" and d.framed == b"\x00\x00\x00\x05hello"
     assert Error(1, 2, "é".encode()).reason == "é"
 
@@ -94,18 +94,18 @@ def test_encode_refuses_out_of_range_fields(event):
 def test_unknown_command_raises_with_preceding_events_and_stays_dead():
     dec = Decoder()
     with pytest.raises(ProtocolError, match=r"0x07 at stream offset 7") as info:
-        dec.feed(b"\x03\x04" + bytes.fromhex("0200000001") + b"\x07\x03")
+        dec.receive_data(b"\x03\x04" + bytes.fromhex("0200000001") + b"\x07\x03")
     assert info.value.events == [Ping(), Pong(), Ack(1)]
     with pytest.raises(ProtocolError):
-        dec.feed(b"\x03")
+        dec.receive_data(b"\x03")
 
 
 def test_offset_in_error_counts_earlier_chunks():
     dec = Decoder()
-    dec.feed(b"\x03\x03\x00\x00")  # a partial DATA header stays buffered
-    dec.feed(b"\x01\x00\x00\x00\x00")
+    dec.receive_data(b"\x03\x03\x00\x00")  # a partial DATA header stays buffered
+    dec.receive_data(b"\x01\x00\x00\x00\x00")
     with pytest.raises(ProtocolError, match="0xff at stream offset 9"):
-        dec.feed(b"\xff")
+        dec.receive_data(b"\xff")
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64, 100_000])
@@ -121,7 +121,7 @@ def test_oversized_payload_is_skipped_and_stream_stays_in_sync(chunk):
     dec = Decoder(max_payload=999)
     got = []
     for i in range(0, len(stream), chunk):
-        got += dec.feed(stream[i : i + chunk])
+        got += dec.receive_data(stream[i : i + chunk])
     assert got == [
         Oversized(DATA, None, 5, 1000),
         Oversized(DATA_ACK, 9, 1, 1000),
@@ -134,7 +134,7 @@ def test_oversized_payload_is_skipped_and_stream_stays_in_sync(chunk):
 
 def test_payload_at_the_limit_is_accepted():
     dec = Decoder(max_payload=10)
-    assert dec.feed(encode(Data.make(1, b"0123456789"))) == [Data.make(1, b"0123456789")]
+    assert dec.receive_data(encode(Data.make(1, b"0123456789"))) == [Data.make(1, b"0123456789")]
 
 
 def test_large_payload_in_many_chunks():
@@ -143,7 +143,7 @@ def test_large_payload_in_many_chunks():
     dec = Decoder()
     got = []
     for i in range(0, len(raw), 4096):
-        got += dec.feed(raw[i : i + 4096])
+        got += dec.receive_data(raw[i : i + 4096])
         if i + 4096 < len(raw):
             assert dec.buffered == i + 4096
     assert got == [DataAck.make(1, 1, payload)]
@@ -157,11 +157,11 @@ def test_answers_must_match_outstanding_ids():
     mid = a.next_message_id()
     wire = a.send(DataAck.make(mid, 1, b"hi"))
     assert a.awaiting == {mid}
-    assert b.receive(wire) == [DataAck.make(mid, 1, b"hi")]
+    assert b.receive_data(wire) == [DataAck.make(mid, 1, b"hi")]
     assert b.owed == {mid}
     with pytest.raises(LocalProtocolError):
         b.send(Ack(mid + 1))  # nothing owed under that id
-    assert a.receive(b.send(Ack(mid))) == [Ack(mid)]
+    assert a.receive_data(b.send(Ack(mid))) == [Ack(mid)]
     assert a.awaiting == set() and b.owed == set()
     with pytest.raises(LocalProtocolError):
         b.send(Ack(mid))  # answered already
@@ -171,25 +171,25 @@ def test_answers_must_match_outstanding_ids():
 def test_unsolicited_answer_is_a_peer_fault(answer):
     conn = HSPConnection()
     with pytest.raises(ProtocolError, match="MessageID 7, which no DATA_ACK of ours"):
-        conn.receive(b"\x03" + encode(answer))
+        conn.receive_data(b"\x03" + encode(answer))
     with pytest.raises(ProtocolError):
-        conn.receive(b"\x03")  # the connection stays dead
+        conn.receive_data(b"\x03")  # the connection stays dead
 
 
 def test_reused_message_id_before_answer_is_a_peer_fault():
     conn = HSPConnection()
     one = encode(DataAck.make(4, 1, b"a"))
-    conn.receive(one)
+    conn.receive_data(one)
     with pytest.raises(ProtocolError, match="reused MessageID 4") as info:
-        conn.receive(encode(Data.make(1, b"d")) + one)
+        conn.receive_data(encode(Data.make(1, b"d")) + one)
     assert info.value.events == [Data.make(1, b"d")]
 
 
 def test_reuse_after_answer_is_fine_and_oversized_data_ack_is_owed():
     conn = HSPConnection(max_payload=2)
-    conn.receive(encode(DataAck.make(4, 1, b"a")))
+    conn.receive_data(encode(DataAck.make(4, 1, b"a")))
     conn.send(Ack(4))
-    [ev] = conn.receive(encode(DataAck.make(4, 1, b"abc")))
+    [ev] = conn.receive_data(encode(DataAck.make(4, 1, b"abc")))
     assert ev == Oversized(DATA_ACK, 4, 1, 3) and conn.owed == {4}
     conn.send(Error(4, 3, b"too large"))
     assert conn.owed == set()
@@ -212,9 +212,9 @@ def test_own_message_id_reuse_is_refused_and_next_id_skips_outstanding():
 def test_pings_and_pongs_are_counted():
     conn = HSPConnection()
     assert conn.send(Ping()) == b"\x03"
-    conn.receive(b"\x04\x04")
+    conn.receive_data(b"\x04\x04")
     assert (conn.pings, conn.unsolicited_pongs) == (0, 1)
-    assert conn.receive(b"\x03") == [Ping()]
+    assert conn.receive_data(b"\x03") == [Ping()]
     assert conn.send(Pong()) == b"\x04"
     with pytest.raises(LocalProtocolError):
         conn.send(Oversized(DATA, None, 1, 5))
@@ -245,7 +245,7 @@ def test_roundtrip_under_any_chunking(evs, cuts):
     pos = i = 0
     while pos < len(stream):
         step = cuts[i % len(cuts)]
-        got += dec.feed(stream[pos : pos + step])
+        got += dec.receive_data(stream[pos : pos + step])
         pos += step
         i += 1
     assert got == evs
@@ -258,7 +258,7 @@ def test_arbitrary_bytes_never_crash_the_decoder(data):
     dec = Decoder(max_payload=64)
     try:
         kinds = Data | DataAck | Ack | Ping | Pong | Error | ErrorUndef | Oversized
-        for e in dec.feed(data):
+        for e in dec.receive_data(data):
             assert isinstance(e, kinds)
     except ProtocolError as exc:
         assert "unknown HSP command byte" in str(exc)
@@ -279,6 +279,6 @@ def test_two_peers_agree_on_outstanding_ids(ops):
             wire = me.send([Ack(mid), ErrorUndef(mid), Error(mid, 1, b"x"), Ack(mid)][n])
         else:
             continue
-        them.receive(wire)
+        them.receive_data(wire)
         assert peers["a"].awaiting == peers["b"].owed
         assert peers["b"].awaiting == peers["a"].owed

@@ -70,22 +70,22 @@ def test_header_size_grows_with_length():
 
 def test_longer_than_needed_length_is_accepted():
     splitter = mw.FrameSplitter(1000)
-    assert splitter.feed(b"\x08" + (3).to_bytes(8, "big") + b"abc") == [b"abc"]
+    assert splitter.receive_data(b"\x08" + (3).to_bytes(8, "big") + b"abc") == [b"abc"]
 
 
 @pytest.mark.parametrize("m", [0, 9, 255])
 def test_bad_length_size_rejected(m):
     with pytest.raises(mw.FramingError, match=f"m={m}"):
-        mw.FrameSplitter(1000).feed(bytes([m, 1, 2, 3]))
+        mw.FrameSplitter(1000).receive_data(bytes([m, 1, 2, 3]))
 
 
 def test_oversized_message_rejected_from_its_header():
     splitter = mw.FrameSplitter(100)
     with pytest.raises(mw.FramingError, match="101 bytes exceeds the limit of 100"):
-        splitter.feed(b"\x01\x65")
+        splitter.receive_data(b"\x01\x65")
     # An 8-byte length announcing an exabyte is refused before any body arrives.
     with pytest.raises(mw.FramingError, match="exceeds"):
-        mw.FrameSplitter(100).feed(b"\x08" + b"\xff" * 8)
+        mw.FrameSplitter(100).receive_data(b"\x08" + b"\xff" * 8)
 
 
 @given(
@@ -98,9 +98,9 @@ def test_split_anywhere(bodies, cuts):
     got = []
     pos = 0
     for cut in sorted(c for c in cuts if c <= len(stream)):
-        got += splitter.feed(stream[pos:cut])
+        got += splitter.receive_data(stream[pos:cut])
         pos = cut
-    got += splitter.feed(stream[pos:])
+    got += splitter.receive_data(stream[pos:])
     assert got == bodies
     assert splitter.buffered == 0
 

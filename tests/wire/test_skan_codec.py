@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.wire import skan_vectors as V
+from wire.errors import FramingError, LocalProtocolError
 from wire.skan import (
-    FrameError,
     FrameSplitter,
     SkanError,
     decode,
@@ -103,7 +103,7 @@ def test_frames(desc, value, hexstr):
     splitter = FrameSplitter(max_frame=1 << 20)
     frames = []
     for i in range(len(data)):
-        frames.extend(splitter.feed(data[i : i + 1]))
+        frames.extend(splitter.receive_data(data[i : i + 1]))
     assert [decode(f[4:]) for f in frames] == [V.wire_form(v) for v in values]
     assert splitter.buffered == 0
 
@@ -115,8 +115,8 @@ def test_malformed_frames(desc, hexstr):
     splitter = FrameSplitter(max_frame=8 << 20)
     data = bytes.fromhex(hexstr)
     try:
-        frames = splitter.feed(data)
-    except FrameError:
+        frames = splitter.receive_data(data)
+    except FramingError:
         return  # refused at the length prefix: the connection is closed
     # Otherwise the frame is incomplete (EOF will close it) or complete but bad.
     for f in frames:
@@ -128,8 +128,8 @@ def test_malformed_frames(desc, hexstr):
 
 def test_absurd_length_refused_without_buffering():
     splitter = FrameSplitter(max_frame=8 << 20)
-    with pytest.raises(FrameError, match="exceeds the limit"):
-        splitter.feed(b"\xff\xff\xff\xff" + b"Skan")
+    with pytest.raises(FramingError, match="exceeds the limit"):
+        splitter.receive_data(b"\xff\xff\xff\xff" + b"Skan")
     assert splitter.buffered == 0
 
 
@@ -155,13 +155,14 @@ def test_depth_limit():
 
 
 def test_encode_rejects_what_the_wire_cannot_carry():
-    with pytest.raises(SkanError):
+    # Encoding faults are ours, not the peer's: LocalProtocolError.
+    with pytest.raises(LocalProtocolError):
         encode({"": "x"})
-    with pytest.raises(SkanError):
+    with pytest.raises(LocalProtocolError):
         encode({"t" * 256: "x"})
-    with pytest.raises(SkanError):
+    with pytest.raises(LocalProtocolError):
         encode({"a": True})
-    with pytest.raises(SkanError):
+    with pytest.raises(LocalProtocolError):
         encode({"a": 1.5})
 
 
@@ -214,7 +215,7 @@ def test_splitter_any_chunking(msgs, cuts):
     splitter = FrameSplitter(max_frame=1 << 20)
     got, pos = [], 0
     for c in cuts:
-        got += splitter.feed(stream[pos : pos + c])
+        got += splitter.receive_data(stream[pos : pos + c])
         pos += c
-    got += splitter.feed(stream[pos:])
+    got += splitter.receive_data(stream[pos:])
     assert [decode(f[4:]) for f in got] == msgs

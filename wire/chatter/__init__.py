@@ -5,25 +5,26 @@ from wire.chatter.connection import (
     PING,
     PONG,
     ChatterConnection,
-    ChatterError,
     Conversation,
     Envelope,
     Message,
 )
-from wire.chatter.framing import FrameSplitter, FramingError, encode_frame
+from wire.chatter.framing import FrameSplitter, encode_frame
 from wire.chatter.sbs import SbsError
+from wire.errors import FramingError, ProtocolError, RemoteProtocolError
 
 __all__ = [
     "CONVERSATION_TIMEOUT",
     "PING",
     "PONG",
     "ChatterConnection",
-    "ChatterError",
     "Conversation",
     "Envelope",
     "FrameSplitter",
     "FramingError",
     "Message",
+    "ProtocolError",
+    "RemoteProtocolError",
     "SbsError",
     "encode_frame",
 ]

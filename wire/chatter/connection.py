@@ -31,7 +31,8 @@ from typing import Any
 import attrs
 
 from wire.chatter import sbs
-from wire.chatter.framing import FrameSplitter, FramingError, encode_frame
+from wire.chatter.framing import FrameSplitter, encode_frame
+from wire.errors import LocalProtocolError, MalformedError, RemoteProtocolError
 
 # The Chatter text's default conversation timeout.
 CONVERSATION_TIMEOUT = 5.0
@@ -46,10 +47,6 @@ PING = {Envelope.HAT: "HatPing.MsgPing", Envelope.HATCHATTER: "HatChatter.Ping"}
 PONG = {Envelope.HAT: "HatPing.MsgPong", Envelope.HATCHATTER: "HatChatter.Pong"}
 _PING_TYPES = frozenset(PING.values())
 _PONG_TYPES = frozenset(PONG.values())
-
-
-class ChatterError(ValueError):
-    """The peer broke the Chatter protocol; the connection must be closed."""
 
 
 @attrs.frozen
@@ -131,7 +128,7 @@ class ChatterConnection:
         the peer has ``timeout`` (default: the connection's) seconds to answer.
         """
         if self.envelope is None:
-            raise RuntimeError("the envelope is not known before the peer's first message")
+            raise LocalProtocolError("the envelope is not known before the peer's first message")
         msg_id = self._next_id
         self._next_id += 1
         if conv is None:
@@ -140,9 +137,9 @@ class ChatterConnection:
         else:
             state = self._convs.get(conv)
             if state is None:
-                raise RuntimeError(f"conversation {conv} is over")
+                raise LocalProtocolError(f"conversation {conv} is over")
             if not state.ours:
-                raise RuntimeError(f"the peer holds the token of conversation {conv}")
+                raise LocalProtocolError(f"the peer holds the token of conversation {conv}")
         self._out.append(self._encode(msg_id, conv, msg_type, data, last, token))
         if last:
             self._convs.pop(conv, None)
@@ -180,15 +177,18 @@ class ChatterConnection:
 
     # ---- input -------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._splitter.buffered
+
     def receive_data(self, data: bytes, now: float = 0.0) -> list[Message]:
         """Feed received bytes; returns the application messages they complete.
 
-        Raises :class:`ChatterError` when the peer broke the protocol.
+        Raises :class:`~wire.errors.RemoteProtocolError` when the peer broke the
+        protocol (:class:`~wire.errors.FramingError` when the stream is lost).
         """
-        try:
-            bodies = self._splitter.feed(data)
-        except FramingError as exc:
-            raise ChatterError(str(exc)) from None
+        bodies = self._splitter.receive_data(data)
         messages = []
         for body in bodies:
             msg = self._receive(body, now)
@@ -200,8 +200,8 @@ class ChatterConnection:
         if self.envelope is not None:
             try:
                 raw = sbs.decode(self.envelope.value, body)
-            except sbs.SbsError as exc:
-                raise ChatterError(f"malformed {self.envelope.value}: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"malformed {self.envelope.value}: {exc}") from None
             return raw, self._type_of(self.envelope, raw)
         # Detect: the first message must decode as exactly one envelope and
         # name a known type in it (e.g. "HatEventer.MsgInitReq" is a 21-byte
@@ -209,13 +209,13 @@ class ChatterConnection:
         for envelope in (Envelope.HATCHATTER, Envelope.HAT):
             try:
                 raw = sbs.decode(envelope.value, body)
-            except sbs.SbsError:
+            except MalformedError:
                 continue
             msg_type = self._type_of(envelope, raw)
             if sbs.known(msg_type):
                 self.envelope = envelope
                 return raw, msg_type
-        raise ChatterError(
+        raise MalformedError(
             "the first message is neither a Hat.Msg nor a HatChatter.Msg of a known type"
         )
 
@@ -233,10 +233,10 @@ class ChatterConnection:
         raw, msg_type = self._decode_envelope(body)
         if not sbs.known(msg_type) or msg_type.startswith(("Hat.", "HatChatter.Msg",
                                                             "HatChatter.Data")):
-            raise ChatterError(f"unknown message type {msg_type!r}")
+            raise MalformedError(f"unknown message type {msg_type!r}")
         msg_id = raw["id"]
         if msg_id <= self._peer_id:
-            raise ChatterError(
+            raise RemoteProtocolError(
                 f"message id {msg_id} does not increase (previous {self._peer_id})"
             )
         self._peer_id = msg_id
@@ -247,7 +247,7 @@ class ChatterConnection:
         opening = owner_is_peer and raw["first"] == msg_id
         if opening:
             if conv in self._convs:
-                raise ChatterError(f"conversation {raw['first']} opened twice")
+                raise RemoteProtocolError(f"conversation {raw['first']} opened twice")
             if not last:
                 self._convs[conv] = _ConvState(ours=token)
         else:
@@ -258,7 +258,7 @@ class ChatterConnection:
                 self.stray += 1
                 return None
             if state.ours:
-                raise ChatterError(
+                raise RemoteProtocolError(
                     f"message {msg_id} in conversation {conv.first} while we hold its token"
                 )
             if last:
@@ -270,6 +270,10 @@ class ChatterConnection:
         if msg_type in _PING_TYPES:
             if last:
                 return None
+            if not token:
+                raise RemoteProtocolError(
+                    f"ping {msg_id} keeps the conversation token, so it cannot be answered"
+                )
             self.pings_answered += 1
             assert self.envelope is not None
             self.send(PONG[self.envelope], b"", conv=conv, last=True)

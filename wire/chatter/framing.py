@@ -5,7 +5,8 @@ The Chatter text allows m from 0 to 255; every m is accepted.
 
 from __future__ import annotations
 
-from wire.lenprefix import FramingError, LengthPrefixSplitter, encode_frame
+from wire.errors import FramingError
+from wire.lenprefix import LengthPrefixSplitter, encode_frame
 
 __all__ = ["FrameSplitter", "FramingError", "encode_frame"]
 

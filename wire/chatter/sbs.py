@@ -23,6 +23,8 @@ from hat.sbs import common as sbs_common
 from hat.sbs import evaluator as sbs_evaluator
 from hat.sbs import parser as sbs_parser
 
+from wire.errors import LocalProtocolError, MalformedError
+
 SCHEMA_FILES = ("hat.sbs", "hat_ping.sbs", "hat_chatter.sbs", "hat_eventer.sbs")
 
 # An SBS Integer of int64 takes at most 10 bytes (7 bits per byte).
@@ -37,8 +39,8 @@ MAX_DEPTH = 64
 MAX_EMPTY_ELEMENTS = 65_536
 
 
-class SbsError(ValueError):
-    """Bytes that are not a valid encoding of the expected SBS type."""
+# Bytes that are not a valid encoding of the expected SBS type (one class, see wire.errors).
+SbsError = MalformedError
 
 
 def _schema_texts() -> list[str]:
@@ -72,7 +74,7 @@ def encode(name: str, value: Any) -> bytes:
     try:
         return REPO.encode(name, value)
     except Exception as exc:  # hat-sbs raises assorted types for bad values
-        raise SbsError(f"cannot encode {name}: {type(exc).__name__}: {exc}") from None
+        raise LocalProtocolError(f"cannot encode {name}: {type(exc).__name__}: {exc}") from None
 
 
 def decode(name: str, data: bytes) -> Any:

@@ -1,9 +1,9 @@
 """Eventer (HatEventer over Chatter): message model and sans-IO connection state machines."""
 
+from wire.errors import ProtocolError, RemoteProtocolError
 from wire.eventer.messages import (
     BinaryPayload,
     Event,
-    EventerError,
     EventId,
     EventType,
     InitReq,
@@ -29,7 +29,6 @@ from wire.eventer.protocol import (
     EventsNotified,
     InitRequest,
     InitResult,
-    ProtocolError,
     QueryRequest,
     QueryResponse,
     RegisterRequest,
@@ -46,7 +45,6 @@ __all__ = [
     "Event",
     "EventId",
     "EventType",
-    "EventerError",
     "EventsAcked",
     "EventsNotified",
     "InitReq",
@@ -67,6 +65,7 @@ __all__ = [
     "RegisterEvent",
     "RegisterRequest",
     "RegisterResult",
+    "RemoteProtocolError",
     "ServerConnection",
     "Status",
     "StatusChanged",

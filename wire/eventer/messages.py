@@ -14,13 +14,10 @@ from typing import Any
 import attrs
 
 from wire.chatter import sbs
+from wire.errors import LocalProtocolError, MalformedError
 from wire.hattime import split_timestamp
 
 EventType = tuple[str, ...]
-
-
-class EventerError(ValueError):
-    """A message that is valid SBS but not a valid Eventer message."""
 
 
 class Status(enum.Enum):
@@ -181,7 +178,7 @@ def json_text(data: Any) -> str:
     try:
         return json.dumps(data, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise EventerError(f"payload is not JSON-serialisable: {exc}") from None
+        raise LocalProtocolError(f"payload is not JSON-serialisable: {exc}") from None
 
 
 def payload_to_sbs(p: BinaryPayload | JsonPayload) -> tuple[str, Any]:
@@ -196,7 +193,7 @@ def payload_from_sbs(v: tuple[str, Any]) -> BinaryPayload | JsonPayload:
     try:
         return JsonPayload(json.loads(v[1]))
     except ValueError as exc:
-        raise EventerError(f"json payload is not JSON: {exc}") from None
+        raise MalformedError(f"json payload is not JSON: {exc}") from None
 
 
 def _event_type(v: list[str]) -> EventType:

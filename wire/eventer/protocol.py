@@ -2,7 +2,7 @@
 
 Both wrap a :class:`wire.chatter.ChatterConnection`: bytes in, events out,
 bytes to send from :meth:`data_to_send`.  Any protocol fault raises
-:class:`ProtocolError`; the caller closes the connection.
+:class:`~wire.errors.RemoteProtocolError`; the caller closes the connection.
 
 Server: the first message must be MsgInitReq; it produces :class:`InitRequest`
 and the caller answers with :meth:`ServerConnection.accept` or
@@ -25,11 +25,11 @@ from wire.chatter import sbs
 from wire.chatter.connection import (
     CONVERSATION_TIMEOUT,
     ChatterConnection,
-    ChatterError,
     Conversation,
     Envelope,
     Message,
 )
+from wire.errors import MalformedError, RemoteProtocolError
 from wire.eventer import messages as m
 
 MODULE = "HatEventer."
@@ -40,10 +40,6 @@ MODULE = "HatEventer."
 # the broker hold in its socket buffers (further batches wait in the
 # connection's bounded queue, where the slow-consumer policy applies).
 DEFAULT_NOTIFY_CREDIT = 16
-
-
-class ProtocolError(ChatterError):
-    """The peer broke the Eventer protocol; close the connection."""
 
 
 # ---- server-side events ------------------------------------------------------------
@@ -118,8 +114,16 @@ class ConversationExpired:
 def _decode(msg: Message) -> Any:
     try:
         return sbs.decode(msg.type, msg.data)
-    except sbs.SbsError as exc:
-        raise ProtocolError(f"malformed {msg.type}: {exc}") from None
+    except MalformedError as exc:
+        raise MalformedError(f"malformed {msg.type}: {exc}") from None
+
+
+def _needs_token(msg: Message) -> None:
+    """A request the server must answer has to pass it the conversation's token."""
+    if not msg.token:
+        raise RemoteProtocolError(
+            f"{msg.type} keeps the conversation token, so it cannot be answered"
+        )
 
 
 class _Side:
@@ -185,30 +189,38 @@ class ServerConnection(_Side):
     def _handle(self, msg: Message) -> Any:
         if self.state == "init":
             if msg.type != "HatEventer.MsgInitReq":
-                raise ProtocolError(f"the first message must be MsgInitReq, not {msg.type}")
+                raise RemoteProtocolError(f"the first message must be MsgInitReq, not {msg.type}")
             if msg.last:
-                raise ProtocolError("MsgInitReq must leave its conversation open for the reply")
+                raise RemoteProtocolError(
+                    "MsgInitReq must leave its conversation open for the reply"
+                )
+            _needs_token(msg)
             return InitRequest(msg.conv, m.init_req_from_sbs(_decode(msg)))
         if self.state != "open":
-            raise ProtocolError(f"{msg.type} after a refused MsgInitReq")
+            raise RemoteProtocolError(f"{msg.type} after a refused MsgInitReq")
         if msg.type == "HatEventer.MsgEventsAck":
             _decode(msg)
             self.unacked.discard(msg.conv)
             return EventsAcked(msg.conv)
         if msg.type == "HatEventer.MsgRegisterReq":
             if not msg.first:
-                raise ProtocolError("MsgRegisterReq must open its own conversation")
+                raise RemoteProtocolError("MsgRegisterReq must open its own conversation")
             value = _decode(msg)
             try:
                 events = tuple(m.register_event_from_sbs(e) for e in value)
-            except m.EventerError as exc:
-                raise ProtocolError(f"MsgRegisterReq: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"MsgRegisterReq: {exc}") from None
+            if not msg.last:
+                _needs_token(msg)
             return RegisterRequest(None if msg.last else msg.conv, events)
         if msg.type == "HatEventer.MsgQueryReq":
             if not msg.first or msg.last:
-                raise ProtocolError("MsgQueryReq must open a conversation and leave it open")
+                raise RemoteProtocolError(
+                    "MsgQueryReq must open a conversation and leave it open"
+                )
+            _needs_token(msg)
             return QueryRequest(msg.conv, m.query_params_from_sbs(_decode(msg)))
-        raise ProtocolError(f"a client may not send {msg.type}")
+        raise RemoteProtocolError(f"a client may not send {msg.type}")
 
     def _expired(self, conv: Conversation, kind: str) -> None:
         self.unacked.discard(conv)
@@ -279,7 +291,7 @@ class ClientConnection(_Side):
     def _handle(self, msg: Message) -> Any:
         if self.state == "init":
             if msg.type != "HatEventer.MsgInitRes" or msg.conv != self._init_conv:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"expected MsgInitRes in the MsgInitReq's conversation, got {msg.type}"
                 )
             self._waiting.pop(msg.conv, None)
@@ -291,13 +303,13 @@ class ClientConnection(_Side):
             self.state = "refused"
             return InitResult(None, value)
         if self.state != "open":
-            raise ProtocolError(f"{msg.type} after a refused MsgInitReq")
+            raise RemoteProtocolError(f"{msg.type} after a refused MsgInitReq")
         if msg.type == "HatEventer.MsgEventsNotify":
             value = _decode(msg)
             try:
                 events = tuple(m.event_from_sbs(e) for e in value)
-            except m.EventerError as exc:
-                raise ProtocolError(f"MsgEventsNotify: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"MsgEventsNotify: {exc}") from None
             return EventsNotified(events, None if msg.last else msg.conv)
         if msg.type == "HatEventer.MsgStatusNotify":
             self.status = m.status_from_sbs(_decode(msg))
@@ -307,17 +319,17 @@ class ClientConnection(_Side):
             kind, value = _decode(msg)
             try:
                 events = tuple(m.event_from_sbs(e) for e in value) if kind == "events" else None
-            except m.EventerError as exc:
-                raise ProtocolError(f"MsgRegisterRes: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"MsgRegisterRes: {exc}") from None
             return RegisterResult(msg.conv, events)
         if msg.type == "HatEventer.MsgQueryRes":
             self._waiting.pop(msg.conv, None)
             try:
                 result = m.query_result_from_sbs(_decode(msg))
-            except m.EventerError as exc:
-                raise ProtocolError(f"MsgQueryRes: {exc}") from None
+            except MalformedError as exc:
+                raise MalformedError(f"MsgQueryRes: {exc}") from None
             return QueryResponse(msg.conv, result)
-        raise ProtocolError(f"a server may not send {msg.type}")
+        raise RemoteProtocolError(f"a server may not send {msg.type}")
 
     def ack(self, conv: Conversation) -> None:
         if self.chatter.is_open(conv):

@@ -23,6 +23,9 @@ import struct
 
 import attrs
 
+from wire.buffer import ReceiveBuffer
+from wire.errors import FramingError, LocalProtocolError, ProtocolError, RemoteProtocolError
+
 DATA = 0
 DATA_ACK = 1
 ACK = 2
@@ -53,23 +56,6 @@ MAX_U32 = 0xFFFF_FFFF
 # is not buffered: its bytes are skipped as they arrive and an
 # :class:`Oversized` event is reported instead (the stream stays in sync).
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
-
-
-class ProtocolError(ValueError):
-    """The peer broke HSP (unknown command, bad MessageID); the stream cannot continue.
-
-    ``events`` holds the well-formed events that preceded the fault in the
-    same input, so a caller can still act on them before closing.
-    """
-
-    def __init__(self, reason: str, events: list | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.events: list = events or []
-
-
-class LocalProtocolError(ValueError):
-    """We tried to send something HSP does not allow (bad field range, unowed answer)."""
 
 
 def frame_payload(payload: bytes) -> bytes:
@@ -221,130 +207,116 @@ def encode(event: Event) -> bytes:
 class Decoder:
     """Split an HSP byte stream into events.
 
-    ``feed(data)`` returns the events completed by ``data``.  A partial
-    message is kept until the rest arrives; chunks of a large payload are
-    collected in a list and joined once, so a big message costs O(size).
-    An unknown command byte raises :class:`ProtocolError` (carrying the
-    events decoded before it), after which the decoder refuses further
-    input: the stream position is lost.
+    ``receive_data(data)`` returns the events completed by ``data``.  A
+    partial message waits in the shared :class:`~wire.buffer.ReceiveBuffer`
+    (linear reassembly).  An unknown command byte raises
+    :class:`~wire.errors.FramingError` (carrying the events decoded before it
+    in ``events``), after which the decoder refuses further input: the stream
+    position is lost.
     """
 
-    __slots__ = ("_buf", "_chunks", "_dead", "_have", "_need", "_offset", "_skip", "max_payload")
+    __slots__ = ("_dead", "_rx", "max_payload")
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.max_payload = max_payload
-        self._buf = b""
-        # While a message known to need ``_need`` bytes is incomplete, its
-        # chunks wait in ``_chunks`` (``_have`` bytes) instead of being re-joined.
-        self._chunks: list[bytes] = []
-        self._have = 0
-        self._need = 0
-        # Bytes of an oversized payload still to discard.
-        self._skip = 0
-        # Stream offset of ``_buf[0]``, for error messages.
-        self._offset = 0
-        self._dead: ProtocolError | None = None
+        self._rx = ReceiveBuffer()
+        self._dead: RemoteProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held for a message that is not complete yet."""
-        return len(self._buf) + self._have
+        return len(self._rx)
 
-    def feed(self, data: bytes) -> list[Event]:
+    def _measure(self, buf: bytes, pos: int, size: int) -> int:
+        """Total length of the command at ``pos`` (only the header for an oversized payload)."""
+        cmd = buf[pos]
+        if cmd == DATA:
+            if size - pos < 7:
+                return -1
+            length = int.from_bytes(buf[pos + 3 : pos + 7], "big")
+            return 7 if length > self.max_payload else 7 + length
+        if cmd in (DATA_ACK, ERROR):
+            if size - pos < 11:
+                return -1
+            length = int.from_bytes(buf[pos + 7 : pos + 11], "big")
+            return 11 if length > self.max_payload else 11 + length
+        if cmd in (ACK, ERROR_UNDEF):
+            return 5
+        if cmd in (PING, PONG):
+            return 1
+        raise FramingError(
+            f"unknown HSP command byte 0x{cmd:02x} at stream offset {self._rx.offset}"
+        )
+
+    def receive_data(self, data: bytes) -> list[Event]:
         if self._dead is not None:
-            raise self._dead
-        if self._skip:
-            n = min(self._skip, len(data))
-            self._skip -= n
-            self._offset += n
-            data = data[n:]
-            if not data:
-                return []
-        if self._need:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._need:
-                return []
-            buf = b"".join(self._chunks)
-            self._chunks = []
-            self._have = 0
-            self._need = 0
-        else:
-            buf = self._buf + data if self._buf else data
+            raise FramingError(self._dead.reason)
         events: list[Event] = []
-        pos = 0
-        size = len(buf)
         limit = self.max_payload
-        while pos < size:
-            cmd = buf[pos]
-            if cmd == DATA:
-                if size - pos < 7:
-                    break
-                length = int.from_bytes(buf[pos + 3 : pos + 7], "big")
-                typ = (buf[pos + 1] << 8) | buf[pos + 2]
-                end = pos + 7 + length
-                if length > limit:
-                    events.append(Oversized(DATA, None, typ, length))
-                    pos = self._start_skip(pos + 7, length, size)
-                    continue
-                if end > size:
-                    self._need = end - pos
-                    break
-                events.append(Data(typ, buf[pos + 3 : end]))
-                pos = end
-            elif cmd in (DATA_ACK, ERROR):
-                if size - pos < 11:
-                    break
-                mid = int.from_bytes(buf[pos + 1 : pos + 5], "big")
-                typ = (buf[pos + 5] << 8) | buf[pos + 6]
-                length = int.from_bytes(buf[pos + 7 : pos + 11], "big")
-                end = pos + 11 + length
-                if length > limit:
-                    events.append(Oversized(cmd, mid, typ, length))
-                    pos = self._start_skip(pos + 11, length, size)
-                    continue
-                if end > size:
-                    self._need = end - pos
-                    break
-                if cmd == DATA_ACK:
-                    events.append(DataAck(mid, typ, buf[pos + 7 : end]))
+        try:
+            for buf, pos, end in self._rx.messages(data, self._measure):
+                cmd = buf[pos]
+                if cmd == DATA:
+                    typ = (buf[pos + 1] << 8) | buf[pos + 2]
+                    length = int.from_bytes(buf[pos + 3 : pos + 7], "big")
+                    if length > limit:
+                        events.append(Oversized(DATA, None, typ, length))
+                        self._rx.skip(length)
+                    else:
+                        events.append(Data(typ, buf[pos + 3 : end]))
+                elif cmd in (DATA_ACK, ERROR):
+                    mid = int.from_bytes(buf[pos + 1 : pos + 5], "big")
+                    typ = (buf[pos + 5] << 8) | buf[pos + 6]
+                    length = int.from_bytes(buf[pos + 7 : pos + 11], "big")
+                    if length > limit:
+                        events.append(Oversized(cmd, mid, typ, length))
+                        self._rx.skip(length)
+                    elif cmd == DATA_ACK:
+                        events.append(DataAck(mid, typ, buf[pos + 7 : end]))
+                    else:
+                        events.append(Error(mid, typ, buf[pos + 11 : end]))
+                elif cmd == ACK:
+                    events.append(Ack(int.from_bytes(buf[pos + 1 : pos + 5], "big")))
+                elif cmd == ERROR_UNDEF:
+                    events.append(ErrorUndef(int.from_bytes(buf[pos + 1 : pos + 5], "big")))
+                elif cmd == PING:
+                    events.append(Ping())
                 else:
-                    events.append(Error(mid, typ, buf[pos + 11 : end]))
-                pos = end
-            elif cmd in (ACK, ERROR_UNDEF):
-                if size - pos < 5:
-                    break
-                mid = int.from_bytes(buf[pos + 1 : pos + 5], "big")
-                events.append(Ack(mid) if cmd == ACK else ErrorUndef(mid))
-                pos += 5
-            elif cmd == PING:
-                events.append(Ping())
-                pos += 1
-            elif cmd == PONG:
-                events.append(Pong())
-                pos += 1
-            else:
-                reason = (
-                    f"unknown HSP command byte 0x{cmd:02x} at stream offset {self._offset + pos}"
-                )
-                self._dead = ProtocolError(reason)
-                self._buf = b""
-                self._need = 0
-                raise ProtocolError(reason, events)
-        self._offset += pos
-        rest = buf[pos:] if pos < size else b""
-        if self._need:
-            self._chunks = [rest]
-            self._have = len(rest)
-            self._buf = b""
-        else:
-            self._buf = rest
+                    events.append(Pong())
+        except RemoteProtocolError as exc:
+            self._dead = exc
+            exc.events = events
+            raise
         return events
 
-    def _start_skip(self, payload_start: int, length: int, size: int) -> int:
-        """Discard an oversized payload: what is here now, the rest as it arrives."""
-        available = size - payload_start
-        if available >= length:
-            return payload_start + length
-        self._skip = length - available
-        return size
+
+__all__ = [
+    "ACK",
+    "COMMAND_NAMES",
+    "DATA",
+    "DATA_ACK",
+    "DEFAULT_MAX_PAYLOAD",
+    "ERROR",
+    "ERROR_UNDEF",
+    "PING",
+    "PING_BYTES",
+    "PONG",
+    "PONG_BYTES",
+    "Ack",
+    "Data",
+    "DataAck",
+    "Decoder",
+    "Error",
+    "ErrorUndef",
+    "Event",
+    "FramingError",
+    "LocalProtocolError",
+    "Oversized",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "data_prefix",
+    "encode",
+    "frame_payload",
+]

@@ -1,7 +1,7 @@
 """HSP connection state machine: which DATA_ACKs are owed an answer, in both directions.
 
-Sans-IO, in the manner of h11/wsproto: ``receive(bytes)`` returns events
-and raises :class:`ProtocolError` when the peer breaks the protocol;
+Sans-IO, in the manner of h11/wsproto: ``receive_data(bytes)`` returns events
+and raises :class:`~wire.errors.RemoteProtocolError` when the peer breaks the protocol;
 ``send(event)`` returns the bytes to write and raises
 :class:`LocalProtocolError` when *we* would break it.  Both peers are
 symmetric in HSP, so the same class serves the broker's listener, its
@@ -20,6 +20,7 @@ Tracked state:
 
 from __future__ import annotations
 
+from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.hsp.codec import (
     DATA_ACK,
     DEFAULT_MAX_PAYLOAD,
@@ -32,11 +33,9 @@ from wire.hsp.codec import (
     Error,
     ErrorUndef,
     Event,
-    LocalProtocolError,
     Oversized,
     Ping,
     Pong,
-    ProtocolError,
     encode,
 )
 
@@ -58,31 +57,36 @@ class HSPConnection:
         self.unsolicited_pongs = 0
         self._next_id = 0
         # The first peer fault; the connection is unusable after it.
-        self._dead: ProtocolError | None = None
+        self._dead: RemoteProtocolError | None = None
 
     @property
     def max_payload(self) -> int:
         return self._decoder.max_payload
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._decoder.buffered
+
     # ---- receiving --------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[Event]:
-        """Events completed by ``data``; raises ProtocolError on a peer fault.
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Events completed by ``data``; raises RemoteProtocolError on a peer fault.
 
-        The ProtocolError's ``events`` holds the valid events before the
-        fault (already accounted for in the state).  After a fault every
-        further call raises it again.
+        The error's ``events`` holds the valid events before the fault
+        (already accounted for in the state).  After a fault every further
+        call raises it again.
         """
         if self._dead is not None:
-            raise ProtocolError(self._dead.reason)
+            raise RemoteProtocolError(self._dead.reason)
         try:
             try:
-                events = self._decoder.feed(data)
-            except ProtocolError as exc:
+                events = self._decoder.receive_data(data)
+            except RemoteProtocolError as exc:
                 self._track(exc.events)
                 raise
             self._track(events)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._dead = exc
             raise
         return events
@@ -109,16 +113,17 @@ class HSPConnection:
 
     def _owe(self, mid: int, events: list[Event], i: int) -> None:
         if mid in self.owed:
-            raise ProtocolError(
-                f"peer reused MessageID {mid} before its DATA_ACK was answered", events[:i]
+            raise RemoteProtocolError(
+                f"peer reused MessageID {mid} before its DATA_ACK was answered",
+                events=events[:i],
             )
         self.owed.add(mid)
 
     def _answered(self, mid: int, what: str, events: list[Event], i: int) -> None:
         if mid not in self.awaiting:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{what} for MessageID {mid}, which no DATA_ACK of ours is awaiting",
-                events[:i],
+                events=events[:i],
             )
         self.awaiting.discard(mid)
 

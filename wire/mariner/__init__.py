@@ -1,14 +1,14 @@
 """Mariner (hat-event JSON over 1+m framing): framing, messages, conversation rules."""
 
-from wire.mariner.connection import (
-    CLIENT,
-    SERVER,
+from wire.errors import (
+    FramingError,
     LocalProtocolError,
-    MarinerConnection,
+    MalformedError,
     ProtocolError,
-    Role,
+    RemoteProtocolError,
 )
-from wire.mariner.framing import MAX_LEN_SIZE, FrameSplitter, FramingError, encode_frame
+from wire.mariner.connection import CLIENT, SERVER, MarinerConnection, Role
+from wire.mariner.framing import MAX_LEN_SIZE, FrameSplitter, encode_frame
 from wire.mariner.messages import (
     BinaryPayload,
     Error,
@@ -47,12 +47,14 @@ __all__ = [
     "Init",
     "JsonPayload",
     "LocalProtocolError",
+    "MalformedError",
     "MarinerConnection",
     "Message",
     "Payload",
     "Ping",
     "Pong",
     "ProtocolError",
+    "RemoteProtocolError",
     "Role",
     "SbsPayload",
     "SchemaError",

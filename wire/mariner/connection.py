@@ -1,27 +1,28 @@
 """The Mariner conversation rules for one connection, for either side (sans-IO).
 
     conn = MarinerConnection(SERVER, max_message=8 << 20)
-    for msg in conn.receive_data(data):   # raises ProtocolError
+    for msg in conn.receive_data(data):   # raises RemoteProtocolError
         ...
     sock.send(conn.send(Pong()))
 
 Rules (specs/mariner.txt): the client's first message is ``init`` and it is
 sent exactly once; only the server sends ``events``; both sides send
 ``ping`` and answer it with ``pong``.  After a :class:`ProtocolError` the
-connection is dead and every further call raises it again.
+connection is dead and every further call raises it again.  Errors are
+those of :mod:`wire.errors`.
 """
 
 from __future__ import annotations
 
 import enum
 
-from wire.mariner.framing import FrameSplitter, FramingError, encode_frame
+from wire.errors import LocalProtocolError, MalformedError, RemoteProtocolError
+from wire.mariner.framing import FrameSplitter, encode_frame
 from wire.mariner.messages import (
     Error,
     Events,
     Init,
     Message,
-    SchemaError,
     decode_message,
     encode_message,
 )
@@ -36,36 +37,35 @@ CLIENT = Role.CLIENT
 SERVER = Role.SERVER
 
 
-class ProtocolError(ValueError):
-    """The peer broke the protocol (bytes, JSON, schema or conversation); close."""
-
-
-class LocalProtocolError(ValueError):
-    """This side tried to send something the protocol does not allow."""
-
-
 class MarinerConnection:
     def __init__(self, role: Role, max_message: int) -> None:
         self.role = role
         self._splitter = FrameSplitter(max_message)
         # Server: has the client's init arrived?  Client: have we sent ours?
         self.initialised = False
-        self.error: ProtocolError | None = None
+        self.error: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a message that is not complete yet."""
+        return self._splitter.buffered
 
     def receive_data(self, data: bytes) -> list[Message]:
         """Bytes from the peer -> the complete messages they finish, in order."""
         if self.error is not None:
             raise self.error
         try:
-            bodies = self._splitter.feed(data)
-        except FramingError as exc:
-            raise self._fail(str(exc)) from None
+            bodies = self._splitter.receive_data(data)
+        except RemoteProtocolError as exc:
+            self.error = exc
+            raise
         out: list[Message] = []
         for body in bodies:
             try:
                 msg = decode_message(body)
-            except SchemaError as exc:
-                raise self._fail(f"invalid Mariner message: {exc}") from None
+            except MalformedError as exc:
+                self.error = type(exc)(f"invalid Mariner message: {exc}")
+                raise self.error from None
             self._check_received(msg)
             out.append(msg)
         return out
@@ -86,8 +86,8 @@ class MarinerConnection:
         elif isinstance(msg, Init):
             raise self._fail("a server may not send init")
 
-    def _fail(self, reason: str) -> ProtocolError:
-        self.error = ProtocolError(reason)
+    def _fail(self, reason: str) -> RemoteProtocolError:
+        self.error = RemoteProtocolError(reason)
         return self.error
 
     def send(self, msg: Message) -> bytes:

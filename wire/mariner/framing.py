@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 
-from wire.lenprefix import FramingError, LengthPrefixSplitter
+from wire.errors import FramingError
+from wire.lenprefix import LengthPrefixSplitter
 from wire.lenprefix import encode_frame as _encode_frame
 
 __all__ = ["MAX_LEN_SIZE", "FrameSplitter", "FramingError", "encode_frame"]

@@ -21,9 +21,11 @@ from typing import Any
 
 import attrs
 
+from wire.errors import MalformedError
 
-class SchemaError(ValueError):
-    """A message body is not a valid Mariner message; the text says why."""
+# A message body that is not a valid Mariner message; the reason says why
+# (one class, see wire.errors).
+SchemaError = MalformedError
 
 
 @attrs.frozen(order=True)

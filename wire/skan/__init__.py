@@ -1,5 +1,6 @@
 """Skan wire format: codec (encode/decode/routing header) and stream framing."""
 
+from wire.errors import FramingError, LocalProtocolError, MalformedError, ProtocolError
 from wire.skan.codec import (
     MAGIC,
     Nested,
@@ -12,13 +13,16 @@ from wire.skan.codec import (
     frame,
     item_bytes,
 )
-from wire.skan.framing import FrameError, FrameSplitter
+from wire.skan.framing import FrameSplitter
 
 __all__ = [
     "MAGIC",
-    "FrameError",
     "FrameSplitter",
+    "FramingError",
+    "LocalProtocolError",
+    "MalformedError",
     "Nested",
+    "ProtocolError",
     "SkanError",
     "decode",
     "decode_header",

@@ -8,13 +8,16 @@ and tags as bytes, because the wire cannot tell strings from blobs.
 
 Decoders accept longer-than-needed length codes; encoders always use the
 smallest.  Everything else that is not exactly as the format says is refused
-with :class:`SkanError`, whose message says what is wrong and at which byte
-offset of the message.
+with :class:`~wire.errors.MalformedError` (``SkanError`` here), whose reason
+says what is wrong and at which byte offset of the message; a value that
+cannot be encoded raises :class:`~wire.errors.LocalProtocolError`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from wire.errors import LocalProtocolError, MalformedError
 
 MAGIC = b"Skan"
 
@@ -37,8 +40,8 @@ MAX_DEPTH = 100
 _TYPE_NAMES = {DATA: "DATA", HASH: "HASH", LIST: "LIST", NULL: "NULL"}
 
 
-class SkanError(ValueError):
-    """The bytes are not a well-formed Skan message (or a value cannot be encoded)."""
+# The Skan codec's name for a malformed message (one class, see wire.errors).
+SkanError = MalformedError
 
 
 # --------------------------------------------------------------------------
@@ -53,13 +56,13 @@ def _prefix(type_: int, n: int) -> bytes:
         return bytes((type_ | LENGTH_16, n >> 8, n & 0xFF))
     if n <= 0xFFFFFFFF:
         return bytes((type_ | LENGTH_32,)) + n.to_bytes(4, "big")
-    raise SkanError(f"item of {n} bytes is too long for a 32-bit length")
+    raise LocalProtocolError(f"item of {n} bytes is too long for a 32-bit length")
 
 
 def _tag(key: Any) -> bytes:
     tag = key.encode() if isinstance(key, str) else bytes(key)
     if not 0 < len(tag) <= 255:
-        raise SkanError(f"tag {key!r} must be 1 to 255 bytes long, not {len(tag)}")
+        raise LocalProtocolError(f"tag {key!r} must be 1 to 255 bytes long, not {len(tag)}")
     return tag
 
 
@@ -86,7 +89,7 @@ def _encode_item(value: Any, out: list[bytes]) -> None:
         out.append(data)
         return
     if isinstance(value, bool):
-        raise SkanError("bool is not a Skan type (send 'true'/'false' or 1/0 explicitly)")
+        raise LocalProtocolError("bool is not a Skan type (send 'true'/'false' or 1/0 explicitly)")
     if isinstance(value, int):
         data = str(value).encode()
         out.append(_prefix(DATA, len(data)))
@@ -107,13 +110,13 @@ def _encode_item(value: Any, out: list[bytes]) -> None:
         out.append(_prefix(LIST, len(body)))
         out.append(body)
         return
-    raise SkanError(f"cannot encode {type(value).__name__} as a Skan item")
+    raise LocalProtocolError(f"cannot encode {type(value).__name__} as a Skan item")
 
 
 def encode(message: dict) -> bytes:
     """Encode a top-level hash as a message (magic included, no length prefix)."""
     if not isinstance(message, dict):
-        raise SkanError("a Skan message is a hash (dict)")
+        raise LocalProtocolError("a Skan message is a hash (dict)")
     out = [MAGIC]
     _encode_hash_body(message, out)
     return b"".join(out)

@@ -53,7 +53,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
     routelog.waits_source = lambda: gate.waits
     routelog.attach(ctx.router)
     routelog.start()
-    ctx.components["routelog"] = routelog
+    ctx.routelog = routelog
 
     async def flush() -> None:
         queued = routelog.queued

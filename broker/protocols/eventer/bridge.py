@@ -3,8 +3,9 @@
 One bridge = one routing endpoint (lname, protocol ``bridge-eventer``) that
 lives as long as the broker, subscribed to the configured (group, instance),
 so local messages are buffered even while the server is down.  The remote
-side is :class:`clients.eventer.EventerClient` (the same client users get),
-initialised with the configured ``subscriptions`` (default ``[[group, "*"]]``).
+side is :class:`clients.eventer.EventerClient` (the same client users get)
+over the stream of the shared bridge dialler, initialised with the
+configured ``subscriptions`` (default ``[[group, "*"]]``).
 
 Incoming: each notification (one remote session) is routed as one local
 routing batch; every event becomes a Skan send (to "*") from the bridge's
@@ -30,25 +31,30 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ssl
 from collections import OrderedDict
 
 import trio
 
 from broker.core import events
-from broker.core.router import NORMAL, FrameTooLarge, Routed
+from broker.core.inject import FrameTooLarge, route_injected
+from broker.core.reasons import Protocol
+from broker.core.router import Routed
 from broker.protocols.eventer.mapping import (
     payload_from_wire,
     payload_to_wire,
     ts_from_wire,
     ts_to_wire,
 )
-from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint, run_bridge
+from broker.runtime.bridge import (
+    BridgeStatus,
+    BufferedBridgeEndpoint,
+    open_bridge_stream,
+    run_bridge,
+)
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from clients.eventer import EventerClient
 from wire import eventer as w
-from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +67,6 @@ ECHO_LIMIT = 100_000
 # Notifications the client may hold unread: the bridge holds one back while
 # its register request is answered, and the reader must stay free meanwhile.
 INBOX = 1024
-CONNECT_TIMEOUT = 10.0
 
 
 def register_event(routed: Routed, server_id: int) -> w.RegisterEvent:
@@ -96,21 +101,13 @@ class EventerBridge:
         self.cfg = cfg
         self.status = status
         self.server_id = ctx.config.broker.server_id
-        self.ep = BufferedBridgeEndpoint("bridge-eventer", status, cfg.buffer)
+        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_EVENTER, status, cfg.buffer)
         self.echo: OrderedDict[w.EventId, None] = OrderedDict()
         self._seq = itertools.count(1)
         # Register requests sent and answered on the current connection.
         self.sent = 0
         self.answered = 0
         self._answer = trio.Event()
-
-    def attach(self) -> None:
-        self.router.attach(self.ep)
-        self.router.subscribe(self.ep, self.cfg.group.encode(), self.cfg.instance.encode(),
-                              NORMAL)
-
-    def detach(self) -> None:
-        self.router.detach(self.ep, "bridge-stopped")
 
     # ---- incoming ------------------------------------------------------------------
 
@@ -121,14 +118,18 @@ class EventerBridge:
                 del self.echo[ev.id]
                 continue
             try:
-                frame = self.router.build_frame(self.ep, events.send_message_for_event(
+                message = events.send_for_event(
                     ev.type, payload_from_wire(ev.payload), sender=self.ep.lname,
                     seq=next(self._seq), source_timestamp=ts_from_wire(ev.source_timestamp),
-                ))
-            except (events.MappingError, FrameTooLarge) as exc:
+                )
+            except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            self.router.route(self.ep, frame, decode_header(frame, 4))
+            try:
+                route_injected(self.router, self.ep, message)
+            except FrameTooLarge as exc:  # counted by route_injected
+                log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
+                continue
             self.status.received += 1
         self.router.end_batch()
 
@@ -179,16 +180,14 @@ class EventerBridge:
             raise _collapse(group) from None
 
     async def _session(self, status: BridgeStatus) -> None:
-        host, port = self.cfg.host_port()
-        ssl_context = ssl.create_default_context(cafile=self.cfg.tls_ca) if self.cfg.tls else None
         section = self.ctx.config.eventer
         self.sent = self.answered = 0
-        async with EventerClient.connect(
-            host, port, self.cfg.client_name,
+        stream = await open_bridge_stream(self.cfg)
+        async with EventerClient.over(
+            stream, self.cfg.client_name,
             subscriptions=self.cfg.effective_subscriptions(), token=self.cfg.token,
-            ssl_context=ssl_context, ping_delay=section.ping_delay,
-            ping_timeout=section.ping_timeout, max_message=self.ctx.config.broker.max_frame,
-            inbox=INBOX, connect_timeout=CONNECT_TIMEOUT,
+            ping_delay=section.ping_delay, ping_timeout=section.ping_timeout,
+            max_message=self.ctx.config.broker.max_frame, inbox=INBOX,
         ) as client:
             status.up = True
             status.connects += 1
@@ -203,8 +202,4 @@ async def run_eventer_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.runtime.bridges)."""
     bridge = EventerBridge(ctx, cfg, status)
-    bridge.attach()
-    try:
-        await run_bridge(status, cfg, bridge.session)
-    finally:
-        bridge.detach()
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)

@@ -1,11 +1,12 @@
 """The Eventer listener: hat-event clients (both Chatter envelopes) as routing endpoints.
 
-One :class:`EventerConnection` per client drives the pure
+One :class:`EventerEndpoint` per client drives the pure
 :class:`wire.eventer.ServerConnection`: init with the token check,
 subscriptions as router patterns, MsgRegisterReq turned into Skan sends,
 queries answered from the retained messages, notifications grouped per
 routing batch (one Hat session) and paced by MsgEventsAck credit.  The trio
-part is the shared transport plus an idle pinger and a conversation timer.
+part is the shared :func:`broker.runtime.transport.serve_protocol` (keep-alive
+included) plus a conversation timer.  The opening is MsgInitReq.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from collections.abc import Callable
 import trio
 
 from broker.core import events
-from broker.core.queue import DROP, QueuedEndpoint
+from broker.core.inject import FrameTooLarge, check_injected, route_injected
+from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import FrameTooLarge, Routed, Router
+from broker.core.router import Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import serve_protocol
 from wire import eventer as w
-from wire.chatter import ChatterError
-from wire.skan import decode_header
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +50,12 @@ class EventerService:
         self.server_id = ctx.config.broker.server_id
         self.token = ctx.config.eventer.token
         self.status = w.Status.OPERATIONAL
-        self.store: RetentionStore = ctx.components["retention"]
+        assert ctx.retention is not None, "the retention store starts before the listeners"
+        self.store: RetentionStore = ctx.retention
         self.latest = LatestTable(self.store.size)
         self.latest.attach(self.router)
-        self.connections: set[EventerConnection] = set()
+        ctx.latest = self.latest
+        self.connections: set[EventerEndpoint] = set()
         # Every Eventer recipient of a message gets the same bytes: the last
         # encoding is kept (deliveries of one message are consecutive).
         self._last_routed: Routed | None = None
@@ -73,10 +77,10 @@ class EventerService:
             conn.notify_status(w.Status.STOPPING)
 
 
-class EventerConnection(QueuedEndpoint):
+class EventerEndpoint(QueuedEndpoint):
     """One Eventer client."""
 
-    protocol = "eventer"
+    protocol = Protocol.EVENTER
     batched = True
 
     def __init__(self, service: EventerService, router: Router, queue_limit: int, policy: str,
@@ -114,21 +118,14 @@ class EventerConnection(QueuedEndpoint):
             return
         size = sum(map(len, batch))
         if self.backlog_bytes + size > self.queue.limit:
-            counters = self.router.counters
-            if self.policy == DROP:
-                self.dropped += len(batch)
-                counters.dropped += len(batch)
-                return
-            counters.slow_consumer_disconnects += 1
-            self.kill("slow-consumer")
+            self.overflow(len(batch))
             return
         self.backlog.append(batch)
         self.backlog_bytes += size
-        if self.pending_bytes() > self.queue.high and not self.congested:
+        if self.pending_bytes() > self.queue.high:
             # Back-pressure, as for a full socket queue: publishers pause
             # (up to the grace period) until acks drain the backlog.
-            self.congested = True
-            self.router.congested.append(self)
+            self.mark_congested()
 
     def pending_bytes(self) -> int:
         return self.queue.size + self.backlog_bytes
@@ -145,9 +142,7 @@ class EventerConnection(QueuedEndpoint):
             self.proto.notify(batch, self.now())
             self.on_deadline()
         self._write()
-        if self.drained is not None and self.pending_bytes() <= self.queue.high:
-            self.drained.set()
-            self.drained = None
+        self.notify_drained()
 
     def _write(self) -> None:
         data = self.proto.data_to_send()
@@ -177,18 +172,22 @@ class EventerConnection(QueuedEndpoint):
                     break
             if self.backlog and self.proto.credit > 0:
                 self._drain_backlog()
-        except ChatterError as exc:
+        except ProtocolError as exc:
             self._fatal(str(exc))
         self._write()
 
+    def partial_bytes(self) -> int:
+        return self.proto.chatter.buffered
+
     def _fatal(self, reason: str) -> None:
-        self.router.counters.protocol_error("eventer", "bad-message")
+        self.router.counters.protocol_error(self.protocol, ErrorKind.BAD_MESSAGE)
         log.warning("eventer %s (%s): closing: %s", self.lname.decode(), self.client_name,
                     reason)
-        self.closing = "protocol-error"
+        self.closing = CloseReason.PROTOCOL_ERROR
 
     def _init(self, req: w.InitRequest) -> None:
         r = req.request
+        self.opened = True
         self.client_name = r.client_name
         token = self.service.token
         reason = None
@@ -201,11 +200,11 @@ class EventerConnection(QueuedEndpoint):
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
-            self.router.counters.protocol_error("eventer", "init-refused")
+            self.router.counters.protocol_error(self.protocol, ErrorKind.INIT_REFUSED)
             log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
                      reason)
             self.proto.refuse(req.conv, reason)
-            self.closing = "init-refused"
+            self.closing = CloseReason.INIT_REFUSED
             return
         if r.server_id is None or r.server_id == self.service.server_id:
             for pattern in r.subscriptions:
@@ -214,7 +213,7 @@ class EventerConnection(QueuedEndpoint):
         self.service.connections.add(self)
 
     def _register(self, req: w.RegisterRequest) -> None:
-        frames = []
+        sends = []
         failure = None
         if self.service.status is not w.Status.OPERATIONAL:
             failure = f"server is {self.service.status.value}"
@@ -222,23 +221,28 @@ class EventerConnection(QueuedEndpoint):
             try:
                 for ev in req.events:
                     self.seq += 1
-                    frames.append(self.router.build_frame(self, events.send_message_for_event(
+                    sends.append(events.send_for_event(
                         ev.type, payload_from_wire(ev.payload), sender=self.lname,
                         seq=self.seq, source_timestamp=ts_from_wire(ev.source_timestamp),
-                    )))
-            except FrameTooLarge as exc:
-                # Counted by build_frame; the whole registration fails, as for
-                # any event that cannot be routed.
-                failure = f"event {len(frames) + 1}: {exc}"
+                    ))
             except events.MappingError as exc:
                 failure = str(exc)
+            else:
+                # Every event must fit max_frame before any is routed (the
+                # registration succeeds or fails as a whole); counted once.
+                for i, message in enumerate(sends, 1):
+                    try:
+                        check_injected(self.router, self, message)
+                    except FrameTooLarge as exc:
+                        failure = f"event {i}: {exc}"
+                        break
         if failure is not None:
             log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
                      self.client_name, failure)
             if req.conv is not None:
                 self.proto.register_result(req.conv, None)
             return
-        routed = [self.router.route(self, f, decode_header(f, 4)) for f in frames]
+        routed = [route_injected(self.router, self, m) for m in sends]
         if req.conv is not None:
             encode = self.service.encode
             self.proto.register_result(req.conv, [encode(r) for r in routed])
@@ -249,7 +253,13 @@ class EventerConnection(QueuedEndpoint):
         self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
                                 answer.more_follows)
 
-    # ---- timers ----------------------------------------------------------------------
+    # ---- timers and lifetime ------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(_conversation_timer, self)
+
+    def on_closed(self) -> None:
+        self.service.connections.discard(self)
 
     def send_ping(self) -> None:
         if self.proto.chatter.envelope is not None:
@@ -264,7 +274,7 @@ class EventerConnection(QueuedEndpoint):
             log.warning("eventer %s (%s): no answer to %s within %.1fs; closing",
                         self.lname.decode(), self.client_name, expired.kind,
                         self.proto.chatter.timeout)
-            self.kill("conversation-timeout")
+            self.kill(CloseReason.CONVERSATION_TIMEOUT)
             return
         if self.backlog and self.proto.credit > 0:
             self._drain_backlog()
@@ -274,7 +284,7 @@ def _nothing() -> None:
     pass
 
 
-async def _conversation_timer(ep: EventerConnection) -> None:
+async def _conversation_timer(ep: EventerEndpoint) -> None:
     """Sleep until the next conversation deadline (or a new one), then check expiries."""
     wake = [trio.Event()]
     ep.on_deadline = lambda: wake[0].set()
@@ -287,33 +297,17 @@ async def _conversation_timer(ep: EventerConnection) -> None:
 
 
 async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    cfg = ctx.config
-    section = cfg.eventer
+    b = ctx.config.broker
     service = EventerService(ctx)
-    ctx.components["eventer"] = service
+    ctx.eventer = service
     ctx.on_stopping.append(service.stopping)
-    listeners = await open_listeners(cfg.broker.host, section.port, section.tls_cert,
-                                     section.tls_key)
 
-    async def handle(stream: trio.abc.Stream) -> None:
-        ep = EventerConnection(service, ctx.router, cfg.broker.queue_limit,
-                               cfg.broker.slow_consumer, cfg.broker.max_frame)
+    def new_endpoint() -> EventerEndpoint:
+        ep = EventerEndpoint(service, ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
         ep.now = trio.current_time
-        ctx.router.attach(ep)
+        return ep
 
-        def extra(nursery: trio.Nursery) -> None:
-            nursery.start_soon(idle_pinger, ep, ep.send_ping, section.ping_delay,
-                               section.ping_timeout)
-            nursery.start_soon(_conversation_timer, ep)
-
-        try:
-            await run_connection(
-                stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-                drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
-                extra_tasks=extra,
-            )
-        finally:
-            service.connections.discard(ep)
-
-    task_status.started([("eventer", *listener_address(lst)) for lst in listeners])
-    await ctx.serve(listeners, handle)
+    # No refusal message: Eventer can only refuse in MsgInitRes, an answer to
+    # an init the connection has not sent yet; it is simply closed.
+    await serve_protocol(ctx, Protocol.EVENTER, ctx.config.eventer, new_endpoint,
+                         task_status=task_status)

@@ -32,8 +32,10 @@ from typing import Any
 
 import trio
 
+from broker.core.inject import FrameTooLarge, build_send, route_injected
 from broker.core.queue import OutQueue
-from broker.core.router import NORMAL, FrameTooLarge, Routed, Router
+from broker.core.reasons import DropReason, Protocol
+from broker.core.router import Routed, Router
 from broker.protocols.hsp.listener import TOO_LARGE
 from broker.runtime.bridge import (
     BridgeStatus,
@@ -43,7 +45,9 @@ from broker.runtime.bridge import (
 )
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import RECV_SIZE
+from broker.runtime.transport import RECV_SIZE, write_loop
+from clients.common import idle_pinger
+from wire.errors import ProtocolError
 from wire.hsp import (
     DATA_ACK,
     ERROR,
@@ -58,7 +62,6 @@ from wire.hsp import (
     Pong,
     frame_payload,
 )
-from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ WINDOW = 1000
 # Outgoing bytes queued before the sender waits for the socket: DATA_ACKs
 # stop being produced above this, ACKs/PONGs are small and always queued.
 HIGH_WATER = 1 << 20
-HSP_TYPE_TAG = "hsp-type"
+HSP_TYPE_TAG = b"hsp-type"
 
 
 def outgoing_payload(routed: Routed) -> bytes:
@@ -95,20 +98,13 @@ class HSPBridge:
         self.max_payload = max_payload
         self.ping_delay = ping_delay
         self.ping_timeout = ping_timeout
-        self.ep = BufferedBridgeEndpoint("bridge-hsp", status, cfg.buffer)
+        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_HSP, status, cfg.buffer)
         self.group = cfg.group.encode()
         self.instance = cfg.instance.encode()
         self.window = min(WINDOW, cfg.buffer)
         # MessageID -> message, in send order, for the current connection.
         self.inflight: OrderedDict[int, Routed] = OrderedDict()
         self._seq = 0
-
-    def attach(self) -> None:
-        self.router.attach(self.ep)
-        self.router.subscribe(self.ep, self.group, self.instance, NORMAL)
-
-    def detach(self) -> None:
-        self.router.detach(self.ep, "bridge-stopped")
 
     # ---- buffer ---------------------------------------------------------------
 
@@ -134,25 +130,17 @@ class HSPBridge:
         """Route a payload from the peer into the configured group and instance.
 
         Returns why it was refused (its Skan message would pass ``max_frame``;
-        counted by the router), or None once routed.
+        counted by route_injected), or None once routed.
         """
         self._seq += 1
+        message = build_send(self.ep.lname, self.group, self.instance, self._seq, payload,
+                             {HSP_TYPE_TAG: str(hsp_type).encode()})
         try:
-            frame = self.router.build_frame(self.ep, {
-                "type": "send",
-                "group": self.group,
-                "instance": self.instance,
-                "to": "*",
-                "from": self.ep.lname,
-                "seq": self._seq,
-                HSP_TYPE_TAG: str(hsp_type),
-                "msg": payload,
-            })
+            route_injected(self.router, self.ep, message)
         except FrameTooLarge as exc:
             reason = f"payload of {len(payload)} bytes: {exc}"
             log.warning("bridge %s: %s; refused", self.status.name, reason)
             return reason
-        self.router.route(self.ep, frame, decode_header(frame, 4))
         self.status.received += 1
         return None
 
@@ -181,7 +169,6 @@ class _Link:
         self.hsp = HSPConnection(bridge.max_payload)
         self.out = OutQueue(1 << 62)  # bounded by WINDOW and HIGH_WATER, not by the queue
         self.last_rx = trio.current_time()
-        self._lot = trio.lowlevel.ParkingLot()
         self._acked = trio.Event()
         self._drained = trio.Event()
         self.failure: BaseException | None = None
@@ -204,23 +191,20 @@ class _Link:
         try:
             await task()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
-                ValueError) as exc:
-            # ValueError covers wire.hsp.ProtocolError: the peer broke HSP.
+                ProtocolError) as exc:
+            # ProtocolError (wire.errors): the peer broke HSP.
             self._fail(exc)
 
     def _push(self, data: bytes) -> None:
         self.out.push(data)
 
+    def _idle(self) -> bool:
+        """The writer emptied the queue: release the pump; never done on its own."""
+        self._drained.set()
+        return False
+
     async def _writer(self) -> None:
-        out = self.out
-        out.wakeup = self._lot.unpark_all
-        while True:
-            if not out.size:
-                self._drained.set()
-                out.waiting = True
-                await self._lot.park()
-                continue
-            await self.stream.send_all(out.take_all())
+        await write_loop(self.stream, self.out, done_when_empty=self._idle)
 
     async def _pump(self) -> None:
         bridge = self.bridge
@@ -243,17 +227,12 @@ class _Link:
 
     async def _pinger(self) -> None:
         bridge = self.bridge
-        while True:
-            idle_until = self.last_rx + bridge.ping_delay
-            now = trio.current_time()
-            if now < idle_until:
-                await trio.sleep(idle_until - now)
-                continue
-            pinged_at = now
+
+        async def ping() -> None:
             self._push(self.hsp.send(Ping()))
-            await trio.sleep(bridge.ping_timeout)
-            if self.last_rx < pinged_at:
-                raise TimeoutError(f"no answer to PING within {bridge.ping_timeout}s")
+
+        await idle_pinger(lambda: self.last_rx, ping, bridge.ping_delay, bridge.ping_timeout)
+        raise TimeoutError(f"no answer to PING within {bridge.ping_timeout}s")
 
     async def _reader(self) -> None:
         bridge = self.bridge
@@ -263,7 +242,7 @@ class _Link:
             if not data:
                 raise EOFError("the HSP peer closed the connection")
             self.last_rx = trio.current_time()
-            events = self.hsp.receive(data)
+            events = self.hsp.receive_data(data)
             try:
                 for ev in events:
                     self._handle(ev)
@@ -279,7 +258,7 @@ class _Link:
             self._acked.set()
         elif t is Error or t is ErrorUndef:
             bridge.inflight.pop(ev.message_id, None)
-            bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
+            bridge.router.counters.drop(Protocol.BRIDGE_HSP, DropReason.REFUSED_BY_PEER)
             detail = f"ERROR {ev.type}: {ev.reason}" if t is Error else "ERROR_UNDEF"
             bridge.status.last_error = f"peer refused a message ({detail})"
             log.warning("bridge %s: peer refused message id %d (%s); dropped",
@@ -302,10 +281,10 @@ class _Link:
                 self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, reason.encode())))
             elif ev.command == ERROR:
                 bridge.inflight.pop(ev.message_id, None)
-                bridge.router.counters.drop("bridge-hsp", "refused-by-peer")
+                bridge.router.counters.drop(Protocol.BRIDGE_HSP, DropReason.REFUSED_BY_PEER)
                 self._acked.set()
             else:
-                bridge.router.counters.drop("bridge-hsp", "too-large")
+                bridge.router.counters.drop(Protocol.BRIDGE_HSP, DropReason.TOO_LARGE)
             log.warning("bridge %s: %s", bridge.status.name, reason)
         # Pong: liveness is last_rx.
 
@@ -315,8 +294,4 @@ async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeS
     hsp = ctx.config.hsp
     bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
                        hsp.ping_delay, hsp.ping_timeout)
-    bridge.attach()
-    try:
-        await run_bridge(status, cfg, bridge.session)
-    finally:
-        bridge.detach()
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)

@@ -22,21 +22,25 @@ Type is dropped and counted.  An unknown command byte (or an ACK for a
 MessageID we never used) closes the connection.
 
 Broker-side logic is synchronous (``on_bytes``); the trio part is the shared
-:func:`broker.runtime.transport.run_connection` plus the shared idle pinger.
+:func:`broker.runtime.transport.serve_protocol` (keep-alive included).  The
+HSP opening is the first message: the handshake timeout ends once any
+complete HSP message has arrived.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import trio
 
 from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import InputSlices, Rejected, SkanSession
+from broker.core.session import InputSlices, Rejected, SkanSession, error_frame
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import serve_protocol
 from wire.hsp import (
     DATA_ACK,
     Ack,
@@ -64,18 +68,22 @@ REJECTED = 2
 TOO_LARGE = 3
 NOT_AUTHORISED = 4
 # Metric label (skan_protocol_errors_total reason) per ERROR code.
-ERROR_REASONS = {MALFORMED: "malformed", REJECTED: "rejected", TOO_LARGE: "too-large",
-                NOT_AUTHORISED: "not-authorised"}
+ERROR_REASONS = {MALFORMED: ErrorKind.MALFORMED, REJECTED: ErrorKind.REJECTED,
+                 TOO_LARGE: ErrorKind.TOO_LARGE, NOT_AUTHORISED: ErrorKind.NOT_AUTHORISED}
 
 # Every delivery is DATA Type 1: these 3 bytes, then the Skan frame as routed
 # (its 4-byte length prefix is HSP's Length field).
 DELIVERY_PREFIX = data_prefix(SKAN_TYPE)
 
+# What a connection over max_connections receives before it is closed: the
+# Skan error frame as DATA Type 1, as every fault of a plain DATA is reported.
+TOO_MANY_CONNECTIONS = DELIVERY_PREFIX + error_frame("too many connections")
 
-class HSPClientConnection(QueuedEndpoint):
+
+class HSPEndpoint(QueuedEndpoint):
     """An HSP client of the listener: a Skan session carried in DATA/DATA_ACK Type 1."""
 
-    protocol = "hsp"
+    protocol = Protocol.HSP
 
     def __init__(self, router: Router, queue_limit: int, policy: str, max_payload: int) -> None:
         super().__init__(router, queue_limit, policy)
@@ -105,13 +113,16 @@ class HSPClientConnection(QueuedEndpoint):
     def send_ping(self) -> None:
         self.enqueue(self.hsp.send(Ping()))
 
+    def partial_bytes(self) -> int:
+        return self.hsp.buffered
+
     def _answer_error(self, mid: int, code: int, reason: str) -> None:
-        self.counters.protocol_error("hsp", ERROR_REASONS[code])
+        self.counters.protocol_error(self.protocol, ERROR_REASONS[code])
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
-    def _data_error(self, label: str, rejected: Rejected) -> None:
+    def _data_error(self, label: ErrorKind, rejected: Rejected) -> None:
         """A fault in a plain DATA: the Skan error frame, delivered as DATA Type 1."""
-        self.counters.protocol_error("hsp", label)
+        self.counters.protocol_error(self.protocol, label)
         self.enqueue(self.encode_control(rejected.error_message()))
 
     # ---- incoming ---------------------------------------------------------
@@ -122,14 +133,14 @@ class HSPClientConnection(QueuedEndpoint):
         inp = self.input
         if data:
             try:
-                inp.add(self.hsp.receive(data))
+                inp.add(self.hsp.receive_data(data))
             except ProtocolError as exc:
                 inp.clear()
                 self._apply(exc.events)
                 if self.closing is None:
-                    self._data_error("protocol-violation",
+                    self._data_error(ErrorKind.PROTOCOL_VIOLATION,
                                      Rejected(f"HSP protocol error: {exc.reason}"))
-                    self.closing = "protocol-error"
+                    self.closing = CloseReason.PROTOCOL_ERROR
                 return False
         self._apply(inp.take(_event_size))
         if self.closing is not None:
@@ -137,27 +148,30 @@ class HSPClientConnection(QueuedEndpoint):
             return False
         return inp.pending
 
-    def _apply(self, events: list[Event]) -> None:
+    def _apply(self, events: Iterable[Event]) -> None:
         handle = self.session.handle
         for ev in events:
+            # The HSP opening is the first complete message.
+            self.opened = True
             t = type(ev)
             if t is Data:
                 if ev.type != SKAN_TYPE:
                     # A peer fault (protocol error) whose message is dropped (counted too).
-                    self.counters.protocol_error("hsp", "unknown-type")
-                    self.counters.drop("hsp", "unknown-type")
+                    self.counters.protocol_error(self.protocol, ErrorKind.UNKNOWN_TYPE)
+                    self.counters.drop(self.protocol, DropReason.UNKNOWN_TYPE)
                     continue
                 try:
                     rejected = handle(ev.framed)
                 except SkanError as exc:
-                    self._data_error("malformed", Rejected(f"malformed Skan message: {exc}"))
+                    self._data_error(ErrorKind.MALFORMED,
+                                     Rejected(f"malformed Skan message: {exc}"))
                     continue
                 if rejected is not None:
                     if rejected.close:
-                        self._data_error("not-authorised", rejected)
-                        self.closing = "protocol-error"
+                        self._data_error(ErrorKind.NOT_AUTHORISED, rejected)
+                        self.closing = CloseReason.PROTOCOL_ERROR
                         return
-                    self._data_error("rejected", rejected)
+                    self._data_error(rejected.label, rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
                     return
@@ -169,7 +183,7 @@ class HSPClientConnection(QueuedEndpoint):
                 if ev.command == DATA_ACK:
                     self._answer_error(ev.message_id, TOO_LARGE, reason)
                 else:
-                    self._data_error("too-large", Rejected(reason))
+                    self._data_error(ErrorKind.TOO_LARGE, Rejected(reason))
             # Pong: any received byte already counts as liveness (last_rx).
             # Ack/Error/ErrorUndef cannot get here: the broker never sends
             # DATA_ACK to a listener client, so the state machine refuses them.
@@ -198,7 +212,7 @@ class HSPClientConnection(QueuedEndpoint):
             return True
         if rejected.close:
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
-            self.closing = "protocol-error"
+            self.closing = CloseReason.PROTOCOL_ERROR
             return False
         self._answer_error(mid, REJECTED, rejected.reason)
         return True
@@ -211,27 +225,11 @@ def _event_size(ev: Event) -> int:
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    cfg = ctx.config
-    listeners = await open_listeners(
-        cfg.broker.host, cfg.hsp.port, cfg.hsp.tls_cert, cfg.hsp.tls_key
-    )
-    async def handle(stream: trio.abc.Stream) -> None:
+    b = ctx.config.broker
+
+    def new_endpoint() -> HSPEndpoint:
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.
-        ep = HSPClientConnection(
-            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer, cfg.broker.max_frame
-        )
-        ctx.router.attach(ep)
+        return HSPEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
 
-        def pinger(nursery: trio.Nursery) -> None:
-            nursery.start_soon(
-                idle_pinger, ep, ep.send_ping, cfg.hsp.ping_delay, cfg.hsp.ping_timeout
-            )
-
-        await run_connection(
-            stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
-            extra_tasks=pinger,
-        )
-
-    task_status.started([("hsp", *listener_address(lst)) for lst in listeners])
-    await ctx.serve(listeners, handle)
+    await serve_protocol(ctx, Protocol.HSP, ctx.config.hsp, new_endpoint,
+                         refusal=TOO_MANY_CONNECTIONS, task_status=task_status)

@@ -6,7 +6,7 @@ lives as long as the broker.  It connects as a Mariner client
 the configured ``subscriptions`` (default ``[[group, "*"]]``), ``token``
 and ``client_name``; every received event becomes a Skan send (``to`` "*",
 ``from`` the bridge's lname) into the group and instance its type maps to
-(:func:`broker.core.events.send_frame_for_event`, the shared mapping; a source
+(:func:`broker.core.events.send_for_event`, the shared mapping; a source
 timestamp travels in the ``source-timestamp`` tag).  One
 ``events`` message (one remote session) is one local routing batch.
 
@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import logging
 
-from broker.core.events import MappingError, send_message_for_event, timestamp_from_parts
-from broker.core.router import Endpoint, FrameTooLarge, Routed, Router
+from broker.core.events import MappingError, send_for_event, timestamp_from_parts
+from broker.core.inject import FrameTooLarge, route_injected
+from broker.core.reasons import DropReason, ErrorKind, Protocol
+from broker.core.router import Endpoint, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
 from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
 from broker.runtime.config import BridgeSection
@@ -35,7 +37,7 @@ from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
 from clients.mariner import MarinerClient
 from wire import mariner as mw
-from wire.skan import decode_header
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 class MarinerBridgeEndpoint(Endpoint):
     """The bridge as a routing endpoint: a source of events, never a destination."""
 
-    protocol = "bridge-mariner"
+    protocol = Protocol.BRIDGE_MARINER
 
     def __init__(self, router: Router) -> None:
         super().__init__()
@@ -51,7 +53,7 @@ class MarinerBridgeEndpoint(Endpoint):
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         # A Mariner server accepts nothing from its clients.
-        self.router.counters.drop(self.protocol, "one-way")
+        self.router.counters.drop(self.protocol, DropReason.ONE_WAY)
 
 
 class MarinerBridge:
@@ -72,12 +74,6 @@ class MarinerBridge:
         self.skipped = 0
         self._seq = 0
 
-    def attach(self) -> None:
-        self.router.attach(self.ep)
-
-    def detach(self) -> None:
-        self.router.detach(self.ep, "bridge-stopped")
-
     # ---- incoming -------------------------------------------------------------
 
     def route_in(self, events: tuple[mw.Event, ...]) -> None:
@@ -97,27 +93,26 @@ class MarinerBridge:
         self._seq += 1
         try:
             source = event.source_timestamp
-            message = send_message_for_event(
+            message = send_for_event(
                 event.type, payload_from_mariner(event.payload), sender=self.ep.lname,
                 seq=self._seq,
                 source_timestamp=(
                     None if source is None else timestamp_from_parts(source.s, source.us)
                 ),
             )
-        except (MappingError, ValueError) as exc:
+        except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))
             return
         try:
-            frame = self.router.build_frame(self.ep, message)
+            route_injected(self.router, self.ep, message)
         except FrameTooLarge as exc:
             self._refuse(event, str(exc), counted=True)
             return
-        self.router.route(self.ep, frame, decode_header(frame, 4))
         self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str, *, counted: bool = False) -> None:
-        if not counted:
-            self.router.counters.protocol_error("bridge-mariner", "unroutable-event")
+        if not counted:  # route_injected counts a frame over max_frame itself
+            self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)
         self.status.last_error = f"event {event.id} not routed: {reason}"
         log.warning("bridge %s: event %s (type %s) not routed: %s",
                     self.status.name, event.id, list(event.type), reason)
@@ -159,8 +154,5 @@ async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
         ping_delay=section.ping_delay, ping_timeout=section.ping_timeout,
         grace=ctx.config.broker.slow_consumer_grace,
     )
-    bridge.attach()
-    try:
-        await run_bridge(status, cfg, bridge.session)
-    finally:
-        bridge.detach()
+    # Mariner clients only receive: the bridge subscribes to nothing locally.
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session, subscribe=False)

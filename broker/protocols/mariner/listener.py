@@ -27,12 +27,13 @@ import logging
 import trio
 
 from broker.core.events import pattern_bytes
-from broker.core.queue import DROP, QueuedEndpoint
+from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import RetentionStore
 from broker.core.router import Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import idle_pinger, listener_address, open_listeners, run_connection
+from broker.runtime.transport import serve_protocol
 from wire import mariner as mw
 
 log = logging.getLogger(__name__)
@@ -44,12 +45,15 @@ REPLAY_PAGE = 1000
 
 PING_FRAME = mw.encode_frame(mw.encode_message(mw.Ping()))
 PONG_FRAME = mw.encode_frame(mw.encode_message(mw.Pong()))
+# What a connection over max_connections receives before it is closed (the
+# same error extension as every other refusal of this listener).
+TOO_MANY_CONNECTIONS = mw.encode_frame(mw.encode_message(mw.Error("too many connections")))
 
 
 class MarinerEndpoint(QueuedEndpoint):
     """One Mariner client connection."""
 
-    protocol = "mariner"
+    protocol = Protocol.MARINER
     batched = True
 
     def __init__(
@@ -80,6 +84,17 @@ class MarinerEndpoint(QueuedEndpoint):
         # Set once retained messages were evicted before the replay reached them.
         self.replay_gap = False
 
+    # ---- lifetime ----------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+
+    def send_ping(self) -> None:
+        self.enqueue(PING_FRAME)
+
+    def partial_bytes(self) -> int:
+        return self.conn.buffered
+
     # ---- incoming ----------------------------------------------------------
 
     def on_bytes(self, data: bytes) -> None:
@@ -99,22 +114,23 @@ class MarinerEndpoint(QueuedEndpoint):
 
     def _fatal(self, reason: str) -> None:
         log.info("mariner %s (%s): closing: %s", self.lname.decode(), self.client_id, reason)
-        self.router.counters.protocol_error("mariner", "bad-message")
+        self.router.counters.protocol_error(self.protocol, ErrorKind.BAD_MESSAGE)
         self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
-        self.closing = "protocol-error"
+        self.closing = CloseReason.PROTOCOL_ERROR
 
     def _init(self, init: mw.Init) -> None:
         self.client_id = init.client_id
+        self.opened = True
         if self.token is not None and init.client_token != self.token:
             log.warning(
                 "mariner %s: client %r refused: client_token does not match",
                 self.lname.decode(), init.client_id,
             )
-            self.router.counters.protocol_error("mariner", "not-authorised")
+            self.router.counters.protocol_error(self.protocol, ErrorKind.NOT_AUTHORISED)
             self.enqueue(
                 mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
             )
-            self.closing = "unauthorised"
+            self.closing = CloseReason.UNAUTHORISED
             return
         # [broker] max_subscriptions bounds the patterns of one connection.
         if not self.router.subscriptions_fit(self, len(init.subscriptions)):
@@ -153,7 +169,7 @@ class MarinerEndpoint(QueuedEndpoint):
             # Never let one message's encoding disturb the sender's connection.
             log.exception("mariner: cannot encode session %d instance %d as an event",
                           routed.session, routed.instance)
-            self.router.counters.drop("mariner", "unencodable")
+            self.router.counters.drop(self.protocol, DropReason.UNENCODABLE)
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []
@@ -169,10 +185,10 @@ class MarinerEndpoint(QueuedEndpoint):
                 self._held_size += len(data)
                 return
             # Held-back live events are bounded like the queue: the policy applies.
-            self._overflow(n)
+            self.overflow(n)
             return
         if self.queue.size + len(data) > self.queue.limit:
-            self._overflow(n)
+            self.overflow(n)
             return
         # Live: enqueue flags congestion, so the publishing reader pauses.
         # Replay: no publisher is behind it, so nobody else is asked to wait;
@@ -181,15 +197,6 @@ class MarinerEndpoint(QueuedEndpoint):
         if ok:
             self.msgs_out += n
             self.bytes_out += len(data)
-
-    def _overflow(self, n: int) -> None:
-        counters = self.router.counters
-        if self.policy == DROP:
-            self.dropped += n
-            counters.dropped += n
-        elif not self.closed:
-            counters.slow_consumer_disconnects += 1
-            self.kill("slow-consumer")
 
     # ---- replay --------------------------------------------------------------
 
@@ -261,35 +268,18 @@ class MarinerEndpoint(QueuedEndpoint):
                 self.drained = trio.Event()
             await self.drained.wait()
 
+
 async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    cfg = ctx.config
-    section = cfg.mariner
-    listeners = await open_listeners(
-        cfg.broker.host, section.port, section.tls_cert, section.tls_key
-    )
-    encoded = EncodedEvents(cfg.broker.server_id)
-    retention = ctx.components.get("retention")
+    b = ctx.config.broker
+    section = ctx.config.mariner
+    encoded = EncodedEvents(b.server_id)
 
-    async def handle(stream: trio.abc.Stream) -> None:
-        ep = MarinerEndpoint(
-            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer,
-            max_message=cfg.broker.max_frame, token=section.token,
-            server_id=cfg.broker.server_id, retention=retention, encoded=encoded,
-        )
-        ctx.router.attach(ep)
-
-        def tasks(nursery: trio.Nursery) -> None:
-            ep.nursery = nursery
-            nursery.start_soon(
-                idle_pinger, ep, lambda: ep.enqueue(PING_FRAME),
-                section.ping_delay, section.ping_timeout,
-            )
-
-        await run_connection(
-            stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
-            extra_tasks=tasks,
+    def new_endpoint() -> MarinerEndpoint:
+        return MarinerEndpoint(
+            ctx.router, b.queue_limit, b.slow_consumer, max_message=b.max_frame,
+            token=section.token, server_id=b.server_id, retention=ctx.retention,
+            encoded=encoded,
         )
 
-    task_status.started([("mariner", *listener_address(lst)) for lst in listeners])
-    await ctx.serve(listeners, handle)
+    await serve_protocol(ctx, Protocol.MARINER, section, new_endpoint,
+                         refusal=TOO_MANY_CONNECTIONS, task_status=task_status)

@@ -32,18 +32,6 @@ def mariner_payload(payload: ev.Payload) -> mw.Payload:
     return mw.BinaryPayload(payload.data)
 
 
-def mariner_event(event: ev.Event) -> mw.Event:
-    return mw.Event(
-        id=mw.EventId(event.id.server, event.id.session, event.id.instance),
-        type=event.type,
-        timestamp=mariner_timestamp(event.timestamp),
-        source_timestamp=(
-            None if event.source_timestamp is None else mariner_timestamp(event.source_timestamp)
-        ),
-        payload=mariner_payload(event.payload),
-    )
-
-
 def payload_from_mariner(payload: mw.Payload) -> ev.Payload:
     if payload is None:
         return None

@@ -8,19 +8,26 @@ from typing import Any
 import trio
 
 from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
 from broker.core.session import InputSlices, SkanSession, error_frame
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import listener_address, open_listeners, run_connection
-from wire.skan import FrameError, FrameSplitter, SkanError, encode_frame
+from broker.runtime.transport import (
+    serve_protocol,
+)
+from wire.errors import FramingError, MalformedError
+from wire.skan import FrameSplitter, encode_frame
 
 log = logging.getLogger(__name__)
 
+# What a connection over max_connections receives before it is closed (section 9).
+TOO_MANY_CONNECTIONS = error_frame("too many connections")
 
-class SkanConnection(QueuedEndpoint):
+
+class SkanEndpoint(QueuedEndpoint):
     """A Skan client: receives routed frames exactly as they were sent."""
 
-    protocol = "skan"
+    protocol = Protocol.SKAN
 
     def __init__(self, router: Router, queue_limit: int, policy: str, max_frame: int) -> None:
         super().__init__(router, queue_limit, policy)
@@ -42,13 +49,15 @@ class SkanConnection(QueuedEndpoint):
                 q.waiting = False
                 q.wakeup()
             if q.size > q.high and not self.congested:
-                self.congested = True
-                self.router.congested.append(self)
+                self.mark_congested()
         else:
             self.enqueue(frame)
 
     def encode_control(self, message: dict[str, Any]) -> bytes:
         return encode_frame(message)
+
+    def partial_bytes(self) -> int:
+        return self.splitter.buffered
 
     def on_bytes(self, data: bytes) -> bool:
         """Handle received bytes, at most one slice of frames; True when frames
@@ -56,47 +65,39 @@ class SkanConnection(QueuedEndpoint):
         inp = self.input
         if data:
             try:
-                inp.add(self.splitter.feed(data))
-            except FrameError as exc:
-                self._fatal("bad-frame", str(exc))
+                inp.add(self.splitter.receive_data(data))
+            except FramingError as exc:
+                self._fatal(ErrorKind.BAD_FRAME, str(exc))
                 return False
-        handle = self.session.handle
+        session = self.session
+        handle = session.handle
         for frame in inp.take():
             try:
                 rejected = handle(frame)
-            except SkanError as exc:
-                self._fatal("malformed", f"malformed message: {exc}")
+            except MalformedError as exc:
+                self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
                 return False
             if rejected is not None:
-                self.router.counters.protocol_error("skan", rejected.label)
+                self.router.counters.protocol_error(self.protocol, rejected.label)
                 self.enqueue(encode_frame(rejected.error_message()))
                 if rejected.close:
-                    self.closing = "protocol-error"
+                    self.closing = CloseReason.PROTOCOL_ERROR
                     return False
+        self.opened = session.named
         return inp.pending
 
-    def _fatal(self, kind: str, reason: str) -> None:
+    def _fatal(self, kind: ErrorKind, reason: str) -> None:
         self.input.clear()
-        self.router.counters.protocol_error("skan", kind)
+        self.router.counters.protocol_error(self.protocol, kind)
         self.enqueue(error_frame(reason))
-        self.closing = "protocol-error"
+        self.closing = CloseReason.PROTOCOL_ERROR
 
 
 async def serve_skan(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    cfg = ctx.config
-    listeners = await open_listeners(
-        cfg.broker.host, cfg.skan.port, cfg.skan.tls_cert, cfg.skan.tls_key
-    )
+    b = ctx.config.broker
 
-    async def handle(stream: trio.abc.Stream) -> None:
-        ep = SkanConnection(
-            ctx.router, cfg.broker.queue_limit, cfg.broker.slow_consumer, cfg.broker.max_frame
-        )
-        ctx.router.attach(ep)
-        await run_connection(
-            stream, ep, ep.on_bytes, ctx.router, ctx.connections,
-            drain_timeout=cfg.broker.drain_timeout, grace=cfg.broker.slow_consumer_grace,
-        )
+    def new_endpoint() -> SkanEndpoint:
+        return SkanEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
 
-    task_status.started([("skan", *listener_address(lst)) for lst in listeners])
-    await ctx.serve(listeners, handle)
+    await serve_protocol(ctx, Protocol.SKAN, ctx.config.skan, new_endpoint,
+                         refusal=TOO_MANY_CONNECTIONS, task_status=task_status)

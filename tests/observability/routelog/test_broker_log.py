@@ -177,7 +177,7 @@ async def test_backpressure_holds_readers_until_the_writer_catches_up(tmp_path):
     stall = threading.Event()
     async with trio.open_nursery() as nursery:
         ctx = await nursery.start(broker.run)
-        rl = ctx.components["routelog"]
+        rl = ctx.routelog
         gate = ctx.connections.gate
         new_file = rl.directory.new_file
 
@@ -221,7 +221,7 @@ async def test_writer_failure_stops_the_broker(tmp_path):
     with pytest.raises(BaseExceptionGroup) as info:
         async with trio.open_nursery() as nursery:
             ctx = await nursery.start(broker.run)
-            ctx.components["routelog"].directory.new_file = broken
+            ctx.routelog.directory.new_file = broken
             async with SkanClient.connect(*broker.skan) as pub:
                 await pub.send_raw(message(pub, "x", 1))
                 await trio.sleep_forever()  # the broker's failure cancels this

@@ -1,4 +1,4 @@
-"""EventerConnection flow control and slow-consumer policy on a real router (no sockets)."""
+"""EventerEndpoint flow control and slow-consumer policy on a real router (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import attrs
 
 from broker.core.retention import RetentionStore
 from broker.core.router import Router
-from broker.protocols.eventer.listener import EventerConnection, EventerService
-from broker.protocols.skan.listener import SkanConnection
+from broker.protocols.eventer.listener import EventerEndpoint, EventerService
+from broker.protocols.skan.listener import SkanEndpoint
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
 from wire.eventer import ClientConnection, EventsNotified, InitReq, InitResult, Status
@@ -18,7 +18,7 @@ class Publisher:
     """A real Skan connection endpoint (no socket) that publishes one routing batch per call."""
 
     def __init__(self, router: Router) -> None:
-        self.ep = SkanConnection(router, 1 << 20, "disconnect", 1 << 20)
+        self.ep = SkanEndpoint(router, 1 << 20, "disconnect", 1 << 20)
         router.attach(self.ep)
         self.ep.on_bytes(encode_frame({"type": "getlname"}))
         self.router = router
@@ -37,10 +37,10 @@ def setup(policy: str = "disconnect", queue_limit: int = 64 * 1024, credit: int 
     ctx = BrokerContext(config=config, router=Router())
     store = RetentionStore(1000)
     store.attach(ctx.router)
-    ctx.components["retention"] = store
+    ctx.retention = store
     service = EventerService(ctx)
-    ep = EventerConnection(service, ctx.router, queue_limit, policy, queue_limit,
-                           notify_credit=credit)
+    ep = EventerEndpoint(service, ctx.router, queue_limit, policy, queue_limit,
+                         notify_credit=credit)
     killed: list[str] = []
     ep.kill = lambda reason: (killed.append(reason), ctx.router.detach(ep, reason))
     ctx.router.attach(ep)
