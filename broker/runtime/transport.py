@@ -168,7 +168,7 @@ async def write_loop(
                 queue.waiting = True
                 await lot.park()
                 continue
-            await stream.send_all(queue.take_all())
+            await stream.send_all(queue.take())
             after_send()
     finally:
         queue.waiting = False

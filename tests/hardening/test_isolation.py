@@ -99,6 +99,9 @@ async def test_big_frames_do_not_stall_bystander():
         pub = await RawSkan.open(proc.skan)
         lname = await pub.getlname()
         sent = 0
+        # Encoded once: the test process must not be the one stalling its bystander.
+        frame = encode_frame({"type": "send", "group": "big", "instance": "*", "to": "*",
+                              "from": lname, "seq": "1", "msg": bytes(big)})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, sub)
             async with bystander(proc.skan) as b:
@@ -106,9 +109,7 @@ async def test_big_frames_do_not_stall_bystander():
                     with trio.move_on_after(4.0):
                         while True:
                             sent += 1
-                            await pub.send({"type": "send", "group": "big", "instance": "*",
-                                            "to": "*", "from": lname, "seq": str(sent),
-                                            "msg": bytes(big)})
+                            await pub.send_bytes(frame)
                 await b.settle()
                 fig = b.figures()
             nursery.cancel_scope.cancel()
