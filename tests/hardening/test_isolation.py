@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.brokerproc import BrokerProcess
-from tests.hardening.bystander import bystander, tracebacks
+from tests.hardening.bystander import bystander, load_factor, tracebacks
 from tests.rawskan import RawSkan
 from wire.skan import encode_frame
 
@@ -83,10 +83,11 @@ async def test_subscription_churn_leaves_bystander_fast():
                 await b.settle()
                 fig = b.figures()
             nursery.cancel_scope.cancel()
-        print(f"\nchurn: {frames} churn frames; bystander {fig.line()}")
+        load = load_factor()
+        print(f"\nchurn: {frames} churn frames; bystander {fig.line()} (load x{load:.1f})")
         _check_log(proc)
         assert fig.lost == 0
-        assert fig.p50_ms <= CHURN_P50_MS, fig.line()
+        assert fig.p50_ms <= CHURN_P50_MS * load, fig.line()
 
 
 async def test_big_frames_do_not_stall_bystander():
@@ -114,10 +115,11 @@ async def test_big_frames_do_not_stall_bystander():
                 fig = b.figures()
             nursery.cancel_scope.cancel()
         await pub.aclose()
-        print(f"\nbig frames: {sent} frames of 4 MiB; bystander {fig.line()}")
+        load = load_factor()
+        print(f"\nbig frames: {sent} frames of 4 MiB; bystander {fig.line()} (load x{load:.1f})")
         _check_log(proc)
         assert fig.lost == 0
-        assert fig.p99_ms <= BIG_FRAME_P99_MS, fig.line()
+        assert fig.p99_ms <= BIG_FRAME_P99_MS * load, fig.line()
 
 
 IDLE_CONNECTIONS = 2_000
@@ -155,8 +157,9 @@ async def test_stats_burst_with_many_idle_connections():
         finally:
             for conn in idle:
                 await conn.aclose()
+        load = load_factor()
         print(f"\nstats burst: {8 * STATS_PER_WRITE} stats with {IDLE_CONNECTIONS} idle "
-              f"connections; bystander {fig.line()}")
+              f"connections; bystander {fig.line()} (load x{load:.1f})")
         _check_log(proc)
         assert fig.lost == 0
-        assert fig.largest_gap_ms < STATS_BURST_GAP_MS, fig.line()
+        assert fig.largest_gap_ms < STATS_BURST_GAP_MS * load, fig.line()
