@@ -116,8 +116,9 @@ class HSPEndpoint(QueuedEndpoint):
     def partial_bytes(self) -> int:
         return self.hsp.buffered
 
-    def _answer_error(self, mid: int, code: int, reason: str) -> None:
-        self.counters.protocol_error(self.protocol, ERROR_REASONS[code])
+    def _answer_error(self, mid: int, code: int, reason: str,
+                      kind: ErrorKind | None = None) -> None:
+        self.counters.protocol_error(self.protocol, kind or ERROR_REASONS[code])
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
     def _data_error(self, label: ErrorKind, rejected: Rejected) -> None:
@@ -214,7 +215,7 @@ class HSPEndpoint(QueuedEndpoint):
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
             self.closing = CloseReason.PROTOCOL_ERROR
             return False
-        self._answer_error(mid, REJECTED, rejected.reason)
+        self._answer_error(mid, REJECTED, rejected.reason, rejected.label)
         return True
 
 
