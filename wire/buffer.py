@@ -10,13 +10,15 @@ the body is buffered).
 :meth:`ReceiveBuffer.messages` yields ``(buf, start, stop)`` spans of the
 complete messages in the received bytes.  A framing on the hot path (Skan)
 may instead scan with its own loop between :meth:`ReceiveBuffer.resume` and
-:meth:`ReceiveBuffer.keep`, the two halves of the same bookkeeping.  Complete messages are sliced
-straight out of the chunk they arrived in; only the unfinished tail is kept,
-in one ``bytearray`` that grows by appending.  Each received byte is therefore
-copied a bounded number of times (at most twice into the buffer and once
-out), whatever the read size: an 8 MiB frame arriving in 256 KiB reads costs
-about 16 MiB of copying, not the ~130 MiB of re-joining the partial frame on
-every read (quadratic in the number of reads).
+:meth:`ReceiveBuffer.keep`, the two halves of the same bookkeeping.
+
+Complete messages are sliced straight out of the chunk they arrived in; only
+the unfinished tail is kept, in one ``bytearray`` that grows by appending.
+Each received byte is therefore copied a bounded number of times (at most
+twice into the buffer and once out), whatever the read size: an 8 MiB frame
+arriving in 256 KiB reads costs about 16 MiB of copying, not the ~140 MiB of
+re-joining the partial frame on every read (quadratic in the number of
+reads).
 """
 
 from __future__ import annotations

@@ -53,6 +53,9 @@ class CloseReason(StrEnum):
     HANDSHAKE_TIMEOUT = "handshake-timeout"
     # A frame that had begun did not complete within frame_timeout.
     FRAME_TIMEOUT = "frame-timeout"
+    # A Chatter conversation the peer opened or handed back and then left open
+    # longer than wire.chatter.connection.MAX_HELD_AGE (expired, connection kept).
+    ABANDONED_CONVERSATION = "abandoned-conversation"
     # Refused at accept: max_connections reached (broker-wide or per listener).
     TOO_MANY_CONNECTIONS = "too-many-connections"
     # A bridge's endpoint removed when the bridge stops.
@@ -90,6 +93,9 @@ class ErrorKind(StrEnum):
     HANDSHAKE_TIMEOUT = "handshake-timeout"
     # A frame that had begun did not complete within frame_timeout.
     FRAME_TIMEOUT = "frame-timeout"
+    # A Chatter conversation the peer opened or handed back and then left open
+    # longer than wire.chatter.connection.MAX_HELD_AGE (expired, connection kept).
+    ABANDONED_CONVERSATION = "abandoned-conversation"
 
 
 class DropReason(StrEnum):

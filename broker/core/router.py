@@ -133,6 +133,8 @@ class Routed:
     session: int
     instance: int
     timestamp: float
+    # Server id of the broker the message entered (EventId's first part).
+    server: int = 0
 
 
 @attrs.define
@@ -240,8 +242,10 @@ class Router:
         clock: Callable[[], float] = time.time,
         max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
         max_frame: int | None = None,
+        server_id: int = 0,
     ):
         self.clock = clock
+        self.server_id = server_id
         # Per connection (instance subscriptions plus patterns); past it a
         # subscribe is refused (counted), see subscribe().
         self.max_subscriptions = max_subscriptions
@@ -288,6 +292,10 @@ class Router:
         self.observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
+        # Called with (group, True/False) when a group gains its first or
+        # loses its last instance subscription, and with (pattern, ...) for
+        # each Hat pattern subscription made or removed (the cluster backplane).
+        self.interest: list[Callable[[bytes | tuple[bytes, ...], bool], None]] = []
         # Set by the metrics service (None = metrics off, no per-message cost):
         # group -> [messages routed, deliveries], and the routing-latency
         # buckets the transport fills per received chunk.
@@ -324,6 +332,9 @@ class Router:
             self.subscription_count -= len(pats)
             for pattern in pats:
                 self._pattern_index(endpoint, pattern, -1)
+            for callback in self.interest:
+                for pat in pats:
+                    callback(pat, False)
         self._invalidate_target(endpoint.lname)
         self.generation += 1
         c = self.counters
@@ -397,7 +408,12 @@ class Router:
         if old is None and not self.subscriptions_fit(endpoint):
             return False
         if inst_map is None:
-            inst_map = self._subs.setdefault(group, {}).setdefault(instance, {})
+            gmap = self._subs.get(group)
+            if gmap is None:
+                gmap = self._subs[group] = {}
+                for callback in self.interest:
+                    callback(group, True)
+            inst_map = gmap.setdefault(instance, {})
         members = self._members.get(group)
         if members is None:
             members = self._members[group] = _GroupMembers()
@@ -425,6 +441,8 @@ class Router:
             if not gmap:
                 del self._subs[group]
                 del self._members[group]
+                for callback in self.interest:
+                    callback(group, False)
         return True
 
     def unsubscribe(self, endpoint: Endpoint, group: bytes, instance: bytes) -> None:
@@ -469,6 +487,8 @@ class Router:
             self.subscription_count += 1
             pats[pattern] = subtype
             self._pattern_index(endpoint, pattern, 1)
+            for callback in self.interest:
+                callback(pattern, True)
         else:
             pats[pattern] = subtype
             self._invalidate_group(self._pattern_group(pattern))
@@ -480,6 +500,8 @@ class Router:
         if pats and pats.pop(pattern, None) is not None:
             self.subscription_count -= 1
             self._pattern_index(endpoint, pattern, -1)
+            for callback in self.interest:
+                callback(pattern, False)
 
     @property
     def group_count(self) -> int:
@@ -579,12 +601,20 @@ class Router:
                 keys.add(key)
         return recips
 
-    def route(self, sender: Endpoint, frame: bytes, header: dict[bytes, Any]) -> Routed:
+    def route(
+        self,
+        sender: Endpoint,
+        frame: bytes,
+        header: dict[bytes, Any],
+        origin: tuple[int, int, int, float] | None = None,
+    ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
 
         ``header`` must hold DATA values for group, instance and to (the
         caller validated them).  Never blocks and never raises for a slow
-        recipient: ``deliver`` applies the policy.
+        recipient: ``deliver`` applies the policy.  ``origin`` (server,
+        session, instance, timestamp) keeps the EventId and timestamp a
+        message got on the broker it entered (cluster backplane).
         """
         reply = b"repl" in header or b"reply" in header
         key = (header[b"group"], header[b"instance"], header[b"to"], reply)
@@ -602,9 +632,12 @@ class Router:
         c.bytes_in += size
         sender.msgs_in += 1
         sender.bytes_in += size
-        routed = Routed(
-            frame, header, sender, recips, 0, self.session, self._instance, self.clock()
-        )
+        if origin is None:
+            routed = Routed(frame, header, sender, recips, 0, self.session, self._instance,
+                            self.clock(), self.server_id)
+        else:
+            routed = Routed(frame, header, sender, recips, 0, origin[1], origin[2],
+                            origin[3], origin[0])
         delivered = 0
         for ep in recips:
             if ep is not sender:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -18,6 +19,16 @@ from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
+
+
+def new_router(config: Config) -> Router:
+    """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
+    b = config.broker
+    limits = {"max_subscriptions": b.max_subscriptions, "max_frame": b.max_frame}
+    if config.cluster.enabled:
+        return Router(hostname=f"{socket.gethostname()}/{b.server_id}", server_id=b.server_id,
+                      **limits)
+    return Router(server_id=b.server_id, **limits)
 
 
 def _print_ready(lines: list[str]) -> None:
@@ -36,9 +47,7 @@ async def run(
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
     config = apply_descriptor_limit(config)
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
-    router = Router(max_subscriptions=config.broker.max_subscriptions,
-                    max_frame=config.broker.max_frame)
-    ctx = BrokerContext(config=config, router=router,
+    ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled))
     ctx.retention = RetentionStore(config.retention.size)
     ctx.retention.attach(ctx.router)

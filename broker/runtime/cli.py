@@ -8,7 +8,8 @@ import sys
 
 import trio
 
-from broker.runtime import app, config
+from broker.cluster.service import ClusterStartError
+from broker.runtime import app, config, workers
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,6 +26,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9914)")
     p.add_argument("--log-dir", help="routing-log directory (default var/routing-log)")
     p.add_argument("--server-id", type=int, help="Hat server id used in EventIds (default 1)")
+    p.add_argument("--cluster", metavar="URL", action="append",
+                   help="NATS server of the cluster backplane (repeat for failover)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="run N broker processes sharing the ports (needs --cluster)")
+    p.add_argument("--reuse-port", action="store_true", default=None,
+                   help=argparse.SUPPRESS)  # set on each worker by --workers
     p.add_argument("--log-level", default="INFO", help="diagnostic log level (default INFO)")
     return p.parse_args(argv)
 
@@ -35,12 +42,14 @@ def build_config(args: argparse.Namespace) -> config.Config:
         cfg,
         host=args.host,
         server_id=args.server_id,
+        cluster=tuple(args.cluster) if args.cluster else None,
         skan_port=args.skan_port,
         hsp_port=args.hsp_port,
         eventer_port=args.eventer_port,
         mariner_port=args.mariner_port,
         metrics_port=args.metrics_port,
         log_dir=args.log_dir,
+        reuse_port=args.reuse_port,
     )
 
 
@@ -56,15 +65,38 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"skan-broker: {exc}", file=sys.stderr)
         return 2
+    if args.workers is not None:
+        if args.workers < 1:
+            print("skan-broker: --workers must be at least 1", file=sys.stderr)
+            return 2
+        if not cfg.cluster.enabled:
+            print("skan-broker: --workers needs a cluster backplane to route between the "
+                  "workers (--cluster URL or [cluster] url)", file=sys.stderr)
+            return 2
+        return workers.run_workers(cfg, _without_workers(sys.argv[1:] if argv is None else argv),
+                                   args.workers)
     try:
         trio.run(app.run, cfg)
-    except (OSError, BaseExceptionGroup) as exc:
-        os_error = _find(exc, OSError)
+    except (OSError, ClusterStartError, BaseExceptionGroup) as exc:
+        os_error = _find(exc, OSError) or _find(exc, ClusterStartError)
         if os_error is None:
             raise
         print(f"skan-broker: cannot start: {os_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _without_workers(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
 
 
 def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -85,6 +85,9 @@ class BrokerSection:
     handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
     # Seconds a frame that has begun may take to arrive completely.
     frame_timeout: float = attrs.field(default=30.0, validator=_positive)
+    # Bind client listeners with SO_REUSEPORT, so several broker processes
+    # (``--workers``) share the ports and the kernel spreads connections.
+    reuse_port: bool = False
     # Subscriptions (Skan instance subscriptions plus Hat patterns) one
     # connection may hold; past it a subscribe is refused (counted).
     max_subscriptions: int = attrs.field(
@@ -200,6 +203,29 @@ class BridgeSection:
 
 
 @attrs.frozen
+class ClusterSection:
+    # NATS server URLs (nats://host:port), tried in order (failover); empty = no cluster.
+    url: tuple[str, ...] = ()
+    # Reconnect backoff towards NATS, capped exponential (as the bridges).
+    backoff_initial: float = attrs.field(default=0.2, validator=_positive)
+    backoff_max: float = attrs.field(default=5.0, validator=_positive)
+    # Seconds a starting broker waits for an answer from another broker using
+    # its server_id before it concludes the id is free.  NATS propagates
+    # interest between cluster nodes within milliseconds on a LAN.
+    id_probe_timeout: float = attrs.field(default=1.0, validator=_positive)
+    # Seconds between the broker's heartbeats on the backplane; a broker is
+    # "seen" while its last heartbeat is younger than three intervals.
+    heartbeat: float = attrs.field(default=1.0, validator=_positive)
+    # Bytes queued towards NATS before further messages are dropped (counted):
+    # NATS unreachable or slower than the broker must never stall local routing.
+    queue_limit: int = attrs.field(default=64 * MiB, validator=_positive)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+
+@attrs.frozen
 class Config:
     broker: BrokerSection = BrokerSection()
     skan: SkanSection = SkanSection()
@@ -210,6 +236,7 @@ class Config:
     log: LogSection = LogSection()
     retention: RetentionSection = RetentionSection()
     bridges: tuple[BridgeSection, ...] = ()
+    cluster: ClusterSection = ClusterSection()
 
 
 _SECTIONS: dict[str, type] = {
@@ -221,6 +248,7 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "log": LogSection,
     "retention": RetentionSection,
+    "cluster": ClusterSection,
 }
 
 
@@ -300,6 +328,10 @@ def from_mapping(data: Mapping[str, Any]) -> Config:
                 bridges.append(bridge)
             kwargs["bridges"] = tuple(bridges)
         elif name in _SECTIONS:
+            if name == "cluster" and isinstance(value, Mapping) and isinstance(
+                value.get("url"), str
+            ):
+                value = {**value, "url": [value["url"]]}  # one URL or a list
             kwargs[name] = _build(_SECTIONS[name], value, name)
         else:
             known = ", ".join(sorted([*_SECTIONS, "bridges"]))
@@ -317,10 +349,28 @@ def validate(config: Config) -> None:
             f"must be at least broker.max_frame (one frame must fit) and {MIN_QUEUE_LIMIT} "
             "(the high-water mark plus two received chunks)",
         )
+    for i, url in enumerate(config.cluster.url):
+        try:
+            nats_address(url)
+        except ValueError as exc:
+            raise ConfigError(f"cluster.url[{i}]", str(exc)) from None
     for name in ("skan", "hsp", "eventer", "mariner", "metrics"):
         section = getattr(config, name)
         if (section.tls_cert is None) != (section.tls_key is None):
             raise ConfigError(f"{name}.tls_cert", "tls_cert and tls_key go together")
+
+
+def nats_address(url: str) -> tuple[str, int]:
+    """``nats://host:port`` (or ``host:port``; port defaults to 4222) -> (host, port)."""
+    rest = url.removeprefix("nats://")
+    if "://" in rest or "/" in rest or "@" in rest:
+        raise ValueError(f"{url!r} is not nats://host:port (TLS and credentials: not yet)")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = rest, "4222"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{url!r} is not nats://host:port")
+    return host.strip("[]"), int(port)
 
 
 def load(path: str | None) -> Config:
@@ -348,6 +398,8 @@ def override(config: Config, **flags: Any) -> Config:
         "mariner_port": ("mariner", "port"),
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
+        "cluster": ("cluster", "url"),
+        "reuse_port": ("broker", "reuse_port"),
     }
     for flag, value in flags.items():
         if value is None:

@@ -13,6 +13,7 @@ from broker.runtime.config import Config
 from broker.runtime.transport import ConnectionLimits, Connections
 
 if TYPE_CHECKING:
+    from broker.cluster.service import ClusterLink
     from broker.core.retention import RetentionStore
     from broker.observability.routelog.writer import RoutingLog
     from broker.protocols.eventer.listener import EventerService
@@ -47,3 +48,4 @@ class BrokerContext:
     routelog: RoutingLog | None = None
     eventer: EventerService | None = None
     latest: LatestTable | None = None
+    cluster: ClusterLink | None = None

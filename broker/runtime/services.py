@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from broker.cluster.service import serve_cluster
 from broker.observability.http import serve_metrics
 from broker.observability.routelog.service import serve_routelog
 from broker.protocols.eventer.listener import serve_eventer
@@ -27,6 +28,8 @@ def services() -> list[Service]:
     return [
         # First: the log observes every message from the first one routed.
         ("routelog", lambda c: c.log.enabled, serve_routelog),
+        # Before the listeners: a duplicate server id must stop the start-up.
+        ("cluster", lambda c: c.cluster.enabled, serve_cluster),
         ("skan", lambda c: True, serve_skan),
         ("hsp", lambda c: c.hsp.enabled, serve_hsp),
         ("eventer", lambda c: c.eventer.enabled, serve_eventer),

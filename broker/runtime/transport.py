@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -62,15 +63,49 @@ def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
 
 
 async def open_listeners(
-    host: str, port: int, tls_cert: str | None = None, tls_key: str | None = None
+    host: str,
+    port: int,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> list[trio.abc.Listener]:
-    listeners: list[trio.abc.Listener] = list(await trio.open_tcp_listeners(port, host=host))
+    listeners: list[trio.abc.Listener]
+    if reuse_port:
+        listeners = await _open_shared_listeners(host, port)
+    else:
+        listeners = list(await trio.open_tcp_listeners(port, host=host))
     if tls_cert and tls_key:
         ctx = server_ssl_context(tls_cert, tls_key)
         listeners = [
             trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners
         ]
     return listeners
+
+
+async def _open_shared_listeners(host: str, port: int) -> list[trio.abc.Listener]:
+    """TCP listeners with SO_REUSEPORT: every worker binds the same port."""
+    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                          flags=socket.AI_PASSIVE)
+    listeners: list[trio.abc.Listener] = []
+    for family, type_, proto, _, sockaddr in infos:
+        sock = trio.socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind(sockaddr)
+            sock.listen(LISTEN_BACKLOG)
+        except OSError:
+            sock.close()
+            raise
+        listeners.append(trio.SocketListener(sock))
+    return listeners
+
+
+# As trio's own default for open_tcp_listeners: the kernel caps it at somaxconn.
+LISTEN_BACKLOG = 0xFFFF
 
 
 def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
@@ -502,7 +537,8 @@ async def serve_protocol(
     """
     cfg = ctx.config.broker
     router = ctx.router
-    listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key)
+    listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key,
+                                     reuse_port=cfg.reuse_port)
     keep_alive = (
         (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
     )

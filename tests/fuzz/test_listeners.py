@@ -71,17 +71,7 @@ def _run(fuzzed, listener: str, chunks: list[bytes]) -> None:
     assert took <= BYSTANDER_SECONDS
 
 
-# Listeners whose decoders still raise on some grammar inputs (huge integers
-# in Mariner JSON): fixed by the decoder limits of the wire hardening.  Until
-# then the finding is expected (non-strict: the fix shows as XPASS).
-OPEN = {"mariner": "huge integers in Mariner JSON raise ValueError (decoder limits)"}
-
-
-@pytest.mark.parametrize("listener", [
-    pytest.param(name, marks=pytest.mark.xfail(reason=OPEN[name], strict=False))
-    if name in OPEN else name
-    for name in sorted(grammar.STREAMS)
-])
+@pytest.mark.parametrize("listener", sorted(grammar.STREAMS))
 def test_listener(fuzzed, listener):
     proc, _ = fuzzed
     before = len(proc.stderr_lines)

@@ -80,18 +80,8 @@ HSP_CRASHERS = {
 }
 
 
-# Crashers whose fix belongs to the decoders' limits (integer size, nesting
-# depth in the Eventer JSON payload), which land with the wire-format
-# hardening; until then they are expected to fail (non-strict, so the fix
-# shows as XPASS rather than breaking the run).
-OPEN = {"10,000-digit integer", "4301-digit negative integer", "huge integer inside init",
-        "huge event id field", "deeply nested JSON payload", "deeply nested object payload"}
-_open = pytest.mark.xfail(reason="fixed by the decoder limits (wire hardening)", strict=False)
-
-
-def _cases(crashers: dict[str, bytes]) -> list:
-    return [pytest.param(name, marks=_open) if name in OPEN else name
-            for name in sorted(crashers)]
+def _cases(crashers: dict[str, bytes]) -> list[str]:
+    return sorted(crashers)
 
 
 @pytest.mark.parametrize("name", _cases(MARINER_CRASHERS))
@@ -157,8 +147,8 @@ def _over_tcp(broker_and_bystander, listener: str, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("listener", "name"),
-    [pytest.param(lst, name, marks=_open) if name in OPEN else (lst, name)
-     for lst, crashers in sorted(LISTENER_CRASHERS.items()) for name in sorted(crashers)],
+    [(lst, name) for lst, crashers in sorted(LISTENER_CRASHERS.items())
+     for name in sorted(crashers)],
 )
 def test_crasher_over_tcp_leaves_no_traceback(broker_and_bystander, listener, name):
     _over_tcp(broker_and_bystander, listener, name)

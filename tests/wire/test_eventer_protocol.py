@@ -168,7 +168,7 @@ def test_server_requires_init_first():
         ("HatEventer.MsgQueryReq", ("latest", {"eventTypes": ("none", None)}), True, "open"),
         ("HatEventer.MsgRegisterReq", [{"type": ["a"], "sourceTimestamp": ("none", None),
                                         "payload": ("value", ("json", "{nope"))}], True,
-         "not JSON"),
+         "not valid JSON"),
     ],
 )
 def test_server_refuses_bad_client_messages(mtype, value, last, match):

@@ -13,9 +13,15 @@ buffer read with :meth:`ChatterConnection.data_to_send`.  What it keeps:
   kind; a client chooses it;
 - the Ping service of that envelope: pings are answered at once, pongs end
   our ping conversation;
-- conversation timeouts: a conversation in which we passed the token to the
-  peer expires ``timeout`` seconds later unless the peer answers
-  (:meth:`check_timeouts`; the caller decides what expiry means).
+- conversation timeouts: a conversation in which the peer holds the token
+  (we passed it, or the peer kept it) expires ``timeout`` seconds later
+  unless the peer continues it (:meth:`check_timeouts`; the caller decides
+  what expiry means);
+- bounded peer state: a conversation the peer left with us (it passed us the
+  token and we have not used it) expires after :data:`MAX_HELD_AGE`, and
+  more than :data:`MAX_OPEN_CONVERSATIONS` such conversations (or
+  conversations the peer opened and keeps) when new bytes arrive is a
+  :class:`~wire.errors.LimitError`: a peer cannot make the table grow.
 
 Message types are qualified SBS names (``"HatEventer.MsgInitReq"``) in both
 envelopes, and message data stays SBS-encoded bytes (decode it with
@@ -32,10 +38,24 @@ import attrs
 
 from wire.chatter import sbs
 from wire.chatter.framing import FrameSplitter, encode_frame
-from wire.errors import LocalProtocolError, MalformedError, RemoteProtocolError
+from wire.errors import LimitError, LocalProtocolError, MalformedError, RemoteProtocolError
 
 # The Chatter text's default conversation timeout.
 CONVERSATION_TIMEOUT = 5.0
+
+# Conversations the peer opened or handed back to us that may be open at once
+# when the next bytes arrive.  Each costs a few hundred bytes; a client that
+# opens conversations and never ends them (MsgEventsAck with last=false)
+# added 195 MiB per million before this bound.  Requests are answered as
+# they are read, so a well-behaved peer has none open between reads; the
+# bound leaves room for a client pipelining many requests or a server's
+# unacknowledged notifications.
+MAX_OPEN_CONVERSATIONS = 1024
+
+# Seconds we may hold the token of a conversation the peer handed us before it
+# expires (as the peer's fault: the protocol expected nothing more of us).
+# Every request is answered at once, so only abandoned conversations get old.
+MAX_HELD_AGE = 60.0
 
 
 class Envelope(enum.Enum):
@@ -76,6 +96,10 @@ class _ConvState:
     ours: bool
     # Monotonic time by which the peer must answer, or None.
     deadline: float | None = None
+    # When the peer handed us the token (we have not used it since), or None.
+    held_since: float | None = None
+    # Whether the peer opened it.
+    peer_opened: bool = False
 
 
 class ChatterConnection:
@@ -140,6 +164,7 @@ class ChatterConnection:
                 raise LocalProtocolError(f"conversation {conv} is over")
             if not state.ours:
                 raise LocalProtocolError(f"the peer holds the token of conversation {conv}")
+            state.held_since = None
         self._out.append(self._encode(msg_id, conv, msg_type, data, last, token))
         if last:
             self._convs.pop(conv, None)
@@ -186,8 +211,17 @@ class ChatterConnection:
         """Feed received bytes; returns the application messages they complete.
 
         Raises :class:`~wire.errors.RemoteProtocolError` when the peer broke the
-        protocol (:class:`~wire.errors.FramingError` when the stream is lost).
+        protocol (:class:`~wire.errors.FramingError` when the stream is lost,
+        :class:`~wire.errors.LimitError` when it keeps too many conversations open).
         """
+        if len(self._convs) > MAX_OPEN_CONVERSATIONS:
+            kept = sum(1 for st in self._convs.values()
+                       if st.held_since is not None or (st.peer_opened and not st.ours))
+            if kept > MAX_OPEN_CONVERSATIONS:
+                raise LimitError(
+                    f"the peer keeps {kept} conversations open "
+                    f"(the limit is {MAX_OPEN_CONVERSATIONS})"
+                )
         bodies = self._splitter.receive_data(data)
         messages = []
         for body in bodies:
@@ -249,7 +283,12 @@ class ChatterConnection:
             if conv in self._convs:
                 raise RemoteProtocolError(f"conversation {raw['first']} opened twice")
             if not last:
-                self._convs[conv] = _ConvState(ours=token)
+                self._convs[conv] = _ConvState(
+                    ours=token,
+                    deadline=None if token else now + self.timeout,
+                    held_since=now if token else None,
+                    peer_opened=True,
+                )
         else:
             state = self._convs.get(conv)
             if state is None:
@@ -265,7 +304,8 @@ class ChatterConnection:
                 del self._convs[conv]
             else:
                 state.ours = token
-                state.deadline = None
+                state.deadline = None if token else now + self.timeout
+                state.held_since = now if token else None
         data = bytes(raw["data"]["data"])
         if msg_type in _PING_TYPES:
             if last:
@@ -284,14 +324,22 @@ class ChatterConnection:
 
     # ---- timeouts ----------------------------------------------------------
 
+    @staticmethod
+    def _due(state: _ConvState) -> float | None:
+        if state.held_since is not None:
+            return state.held_since + MAX_HELD_AGE
+        return state.deadline
+
     def next_deadline(self) -> float | None:
-        deadlines = [s.deadline for s in self._convs.values() if s.deadline is not None]
+        due = self._due
+        deadlines = [d for d in map(due, self._convs.values()) if d is not None]
         return min(deadlines) if deadlines else None
 
     def check_timeouts(self, now: float) -> list[Conversation]:
-        """Conversations whose answer is overdue; they are over from now on."""
-        expired = [c for c, s in self._convs.items() if s.deadline is not None
-                   and s.deadline <= now]
+        """Conversations whose answer is overdue, or that the peer left with us
+        for longer than MAX_HELD_AGE; they are over from now on."""
+        due = self._due
+        expired = [c for c, s in self._convs.items() if (d := due(s)) is not None and d <= now]
         for conv in expired:
             del self._convs[conv]
         return expired

@@ -9,7 +9,9 @@ Array from its announced count (six bytes announcing 2**31 elements stall
 the process for seconds) and silently wraps integers wider than 64 bits.
 The walk refuses counts larger than the bytes that remain, integers outside
 int64, unknown Choice indices, truncation and trailing bytes, so the C
-decoder only ever sees well-formed data.
+decoder only ever sees well-formed data; and it refuses a message whose
+arrays hold more than :data:`wire.limits.MAX_ITEMS` elements in total
+(charged per array from its announced count, before its elements are walked).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hat.sbs import evaluator as sbs_evaluator
 from hat.sbs import parser as sbs_parser
 
 from wire.errors import LocalProtocolError, MalformedError
+from wire.limits import MAX_ITEMS, ItemBudget
 
 SCHEMA_FILES = ("hat.sbs", "hat_ping.sbs", "hat_chatter.sbs", "hat_eventer.sbs")
 
@@ -77,29 +80,35 @@ def encode(name: str, value: Any) -> bytes:
         raise LocalProtocolError(f"cannot encode {name}: {type(exc).__name__}: {exc}") from None
 
 
-def decode(name: str, data: bytes) -> Any:
-    """Decode peer input as ``Module.Type``; :class:`SbsError` if it is not exactly that."""
-    validate(name, data)
+def decode(name: str, data: bytes, budget: ItemBudget | None = None) -> Any:
+    """Decode peer input as ``Module.Type``; :class:`SbsError` if it is not exactly that.
+
+    ``budget`` (default: a fresh one of MAX_ITEMS) is charged for every array element.
+    """
+    validate(name, data, budget)
     try:
         return REPO.decode(name, data)
     except Exception as exc:  # pragma: no cover - validate() accepted it
         raise SbsError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from None
 
 
-def validate(name: str, data: bytes) -> None:
+def validate(name: str, data: bytes, budget: ItemBudget | None = None) -> None:
     """Check that ``data`` is exactly one well-formed encoding of ``Module.Type``."""
     check = _VALIDATORS.get(name)
     if check is None:
         check = _VALIDATORS[name] = _compile(_REFS[_ref(name)], 0)
+    if budget is None:
+        budget = ItemBudget(MAX_ITEMS)
     try:
-        end = check(data, 0)
+        end = check(data, 0, budget)
     except IndexError:
         raise SbsError(f"{name}: truncated") from None
     if end != len(data):
         raise SbsError(f"{name}: {len(data) - end} trailing bytes after the value")
 
 
-Validator = Callable[[bytes, int], int]
+# (data, pos, budget) -> position after the value.
+Validator = Callable[[bytes, int, ItemBudget], int]
 # Validators compiled from the schemas, per type name: one closure per
 # schema node, so a walk costs no type dispatch per value.
 _VALIDATORS: dict[str, Validator] = {}
@@ -125,27 +134,27 @@ def _int(data: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
-def _skip_none(data: bytes, pos: int) -> int:
+def _skip_none(data: bytes, pos: int, budget: ItemBudget) -> int:
     return pos
 
 
-def _skip_boolean(data: bytes, pos: int) -> int:
+def _skip_boolean(data: bytes, pos: int, budget: ItemBudget) -> int:
     if pos >= len(data):
         raise SbsError(f"truncated Boolean at byte {pos}")
     return pos + 1
 
 
-def _skip_integer(data: bytes, pos: int) -> int:
+def _skip_integer(data: bytes, pos: int, budget: ItemBudget) -> int:
     return _int(data, pos)[1]
 
 
-def _skip_float(data: bytes, pos: int) -> int:
+def _skip_float(data: bytes, pos: int, budget: ItemBudget) -> int:
     if pos + 8 > len(data):
         raise SbsError(f"truncated Float at byte {pos}")
     return pos + 8
 
 
-def _skip_bytes(data: bytes, pos: int) -> int:
+def _skip_bytes(data: bytes, pos: int, budget: ItemBudget) -> int:
     n, body = _int(data, pos)
     end = body + n
     if n < 0 or end > len(data):
@@ -153,7 +162,7 @@ def _skip_bytes(data: bytes, pos: int) -> int:
     return end
 
 
-def _skip_string(data: bytes, pos: int) -> int:
+def _skip_string(data: bytes, pos: int, budget: ItemBudget) -> int:
     n, body = _int(data, pos)
     end = body + n
     if n < 0 or end > len(data):
@@ -187,32 +196,33 @@ def _compile(t: Any, depth: int) -> Validator:
         element = _compile(t.t, depth + 1)
         spare = MAX_EMPTY_ELEMENTS if _may_be_empty(t.t) else 0
 
-        def skip_array(data: bytes, pos: int) -> int:
+        def skip_array(data: bytes, pos: int, budget: ItemBudget) -> int:
             n, p = _int(data, pos)
             if n < 0 or n > max(len(data) - p, spare):
                 raise SbsError(f"Array count {n} at byte {pos} exceeds the remaining data")
+            budget.spend(n, f"SBS data (array at byte {pos})")
             for _ in range(n):
-                p = element(data, p)
+                p = element(data, p, budget)
             return p
 
         return skip_array
     if isinstance(t, sbs_common.RecordType):
         fields = [_compile(et, depth + 1) for _, et in t.entries]
 
-        def skip_record(data: bytes, pos: int) -> int:
+        def skip_record(data: bytes, pos: int, budget: ItemBudget) -> int:
             for field in fields:
-                pos = field(data, pos)
+                pos = field(data, pos, budget)
             return pos
 
         return skip_record
     if isinstance(t, sbs_common.ChoiceType):
         options = [_compile(et, depth + 1) for _, et in t.entries]
 
-        def skip_choice(data: bytes, pos: int) -> int:
+        def skip_choice(data: bytes, pos: int, budget: ItemBudget) -> int:
             idx, p = _int(data, pos)
             if not 0 <= idx < len(options):
                 raise SbsError(f"Choice index {idx} at byte {pos} is out of range")
-            return options[idx](data, p)
+            return options[idx](data, p, budget)
 
         return skip_choice
     raise SbsError(f"unsupported SBS type {t!r}")  # pragma: no cover

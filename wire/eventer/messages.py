@@ -13,9 +13,11 @@ from typing import Any
 
 import attrs
 
+from wire import boundedjson
 from wire.chatter import sbs
-from wire.errors import LocalProtocolError, MalformedError
+from wire.errors import LocalProtocolError
 from wire.hattime import split_timestamp
+from wire.limits import MAX_PAYLOAD_ITEMS, ItemBudget
 
 EventType = tuple[str, ...]
 
@@ -187,13 +189,17 @@ def payload_to_sbs(p: BinaryPayload | JsonPayload) -> tuple[str, Any]:
     return ("json", json_text(p.data))
 
 
-def payload_from_sbs(v: tuple[str, Any]) -> BinaryPayload | JsonPayload:
+def payload_from_sbs(
+    v: tuple[str, Any], budget: ItemBudget | None = None
+) -> BinaryPayload | JsonPayload:
+    """A payload from its SBS value; a json payload is parsed within the decoder
+    limits (MAX_PAYLOAD_ITEMS on its own, so the Skan message built from it
+    passes MAX_ITEMS), charged to ``budget`` (the message's) when given."""
     if v[0] == "binary":
         return BinaryPayload(v[1]["type"], bytes(v[1]["data"]))
-    try:
-        return JsonPayload(json.loads(v[1]))
-    except ValueError as exc:
-        raise MalformedError(f"json payload is not JSON: {exc}") from None
+    return JsonPayload(boundedjson.loads(
+        v[1], what="json payload", budget=budget, max_items=MAX_PAYLOAD_ITEMS
+    ))
 
 
 def _event_type(v: list[str]) -> EventType:
@@ -210,13 +216,13 @@ def event_to_sbs(e: Event) -> dict[str, Any]:
     }
 
 
-def event_from_sbs(v: dict[str, Any]) -> Event:
+def event_from_sbs(v: dict[str, Any], budget: ItemBudget | None = None) -> Event:
     return Event(
         id=event_id_from_sbs(v["id"]),
         type=_event_type(v["type"]),
         timestamp=timestamp_from_sbs(v["timestamp"]),
         source_timestamp=_opt_from(v["sourceTimestamp"], timestamp_from_sbs),
-        payload=_opt_from(v["payload"], payload_from_sbs),
+        payload=_opt_from(v["payload"], lambda p: payload_from_sbs(p, budget)),
     )
 
 
@@ -228,11 +234,13 @@ def register_event_to_sbs(e: RegisterEvent) -> dict[str, Any]:
     }
 
 
-def register_event_from_sbs(v: dict[str, Any]) -> RegisterEvent:
+def register_event_from_sbs(
+    v: dict[str, Any], budget: ItemBudget | None = None
+) -> RegisterEvent:
     return RegisterEvent(
         type=_event_type(v["type"]),
         source_timestamp=_opt_from(v["sourceTimestamp"], timestamp_from_sbs),
-        payload=_opt_from(v["payload"], payload_from_sbs),
+        payload=_opt_from(v["payload"], lambda p: payload_from_sbs(p, budget)),
     )
 
 
@@ -299,8 +307,10 @@ def query_params_from_sbs(v: tuple[str, Any]) -> QueryParams:
     )
 
 
-def query_result_from_sbs(v: dict[str, Any]) -> QueryResult:
-    return QueryResult(tuple(event_from_sbs(e) for e in v["events"]), v["moreFollows"])
+def query_result_from_sbs(v: dict[str, Any], budget: ItemBudget | None = None) -> QueryResult:
+    return QueryResult(
+        tuple(event_from_sbs(e, budget) for e in v["events"]), v["moreFollows"]
+    )
 
 
 def encode_query_result(encoded_events: list[bytes], more_follows: bool) -> bytes:

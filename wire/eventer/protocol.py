@@ -31,6 +31,7 @@ from wire.chatter.connection import (
 )
 from wire.errors import MalformedError, RemoteProtocolError
 from wire.eventer import messages as m
+from wire.limits import MAX_BATCH_ITEMS, MAX_ITEMS, ItemBudget
 
 MODULE = "HatEventer."
 
@@ -107,15 +108,17 @@ class ConversationExpired:
     """A conversation we opened got no answer in time (the Chatter timeout)."""
 
     conv: Conversation
-    # "notify", "register", "query", "init" or "ping"
+    # "notify", "register", "query", "init" or "ping"; "peer" for a
+    # conversation the peer opened or handed back and then abandoned (a peer
+    # fault to count, see wire.chatter.connection.MAX_HELD_AGE).
     kind: str
 
 
-def _decode(msg: Message) -> Any:
+def _decode(msg: Message, budget: ItemBudget | None = None) -> Any:
     try:
-        return sbs.decode(msg.type, msg.data)
+        return sbs.decode(msg.type, msg.data, budget)
     except MalformedError as exc:
-        raise MalformedError(f"malformed {msg.type}: {exc}") from None
+        raise type(exc)(f"malformed {msg.type}: {exc}") from None
 
 
 def _needs_token(msg: Message) -> None:
@@ -144,7 +147,7 @@ class _Side:
     def check_timeouts(self, now: float) -> list[ConversationExpired]:
         expired = []
         for conv in self.chatter.check_timeouts(now):
-            kind = self._waiting.pop(conv, "other")
+            kind = self._waiting.pop(conv, "peer")
             self._expired(conv, kind)
             expired.append(ConversationExpired(conv, kind))
         return expired
@@ -201,15 +204,19 @@ class ServerConnection(_Side):
         if msg.type == "HatEventer.MsgEventsAck":
             _decode(msg)
             self.unacked.discard(msg.conv)
+            # The ack answers the notify, whether or not it ends the conversation.
+            self._waiting.pop(msg.conv, None)
             return EventsAcked(msg.conv)
         if msg.type == "HatEventer.MsgRegisterReq":
             if not msg.first:
                 raise RemoteProtocolError("MsgRegisterReq must open its own conversation")
-            value = _decode(msg)
+            # One budget for the message: its events and every json payload.
+            budget = ItemBudget(MAX_ITEMS)
+            value = _decode(msg, budget)
             try:
-                events = tuple(m.register_event_from_sbs(e) for e in value)
+                events = tuple(m.register_event_from_sbs(e, budget) for e in value)
             except MalformedError as exc:
-                raise MalformedError(f"MsgRegisterReq: {exc}") from None
+                raise type(exc)(f"MsgRegisterReq: {exc}") from None
             if not msg.last:
                 _needs_token(msg)
             return RegisterRequest(None if msg.last else msg.conv, events)
@@ -305,29 +312,36 @@ class ClientConnection(_Side):
         if self.state != "open":
             raise RemoteProtocolError(f"{msg.type} after a refused MsgInitReq")
         if msg.type == "HatEventer.MsgEventsNotify":
-            value = _decode(msg)
+            # A notify carries a whole routing batch of the server's: MAX_BATCH_ITEMS.
+            budget = ItemBudget(MAX_BATCH_ITEMS)
+            value = _decode(msg, budget)
             try:
-                events = tuple(m.event_from_sbs(e) for e in value)
+                events = tuple(m.event_from_sbs(e, budget) for e in value)
             except MalformedError as exc:
-                raise MalformedError(f"MsgEventsNotify: {exc}") from None
+                raise type(exc)(f"MsgEventsNotify: {exc}") from None
             return EventsNotified(events, None if msg.last else msg.conv)
         if msg.type == "HatEventer.MsgStatusNotify":
             self.status = m.status_from_sbs(_decode(msg))
             return StatusChanged(self.status)
         if msg.type == "HatEventer.MsgRegisterRes":
             self._waiting.pop(msg.conv, None)
-            kind, value = _decode(msg)
+            budget = ItemBudget(MAX_BATCH_ITEMS)
+            kind, value = _decode(msg, budget)
             try:
-                events = tuple(m.event_from_sbs(e) for e in value) if kind == "events" else None
+                events = (
+                    tuple(m.event_from_sbs(e, budget) for e in value)
+                    if kind == "events" else None
+                )
             except MalformedError as exc:
-                raise MalformedError(f"MsgRegisterRes: {exc}") from None
+                raise type(exc)(f"MsgRegisterRes: {exc}") from None
             return RegisterResult(msg.conv, events)
         if msg.type == "HatEventer.MsgQueryRes":
             self._waiting.pop(msg.conv, None)
+            budget = ItemBudget(MAX_BATCH_ITEMS)
             try:
-                result = m.query_result_from_sbs(_decode(msg))
+                result = m.query_result_from_sbs(_decode(msg, budget), budget)
             except MalformedError as exc:
-                raise MalformedError(f"MsgQueryRes: {exc}") from None
+                raise type(exc)(f"MsgQueryRes: {exc}") from None
             return QueryResponse(msg.conv, result)
         raise RemoteProtocolError(f"a server may not send {msg.type}")
 

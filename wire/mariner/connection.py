@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 
 from wire.errors import LocalProtocolError, MalformedError, RemoteProtocolError
+from wire.limits import MAX_BATCH_ITEMS, MAX_ITEMS
 from wire.mariner.framing import FrameSplitter, encode_frame
 from wire.mariner.messages import (
     Error,
@@ -38,9 +39,15 @@ SERVER = Role.SERVER
 
 
 class MarinerConnection:
-    def __init__(self, role: Role, max_message: int) -> None:
+    def __init__(self, role: Role, max_message: int, max_items: int | None = None) -> None:
         self.role = role
         self._splitter = FrameSplitter(max_message)
+        # JSON values per message.  A server receives only init, ping and
+        # pong; a client receives ``events`` messages, each a whole routing
+        # batch of the server's (wire/limits.py).
+        if max_items is None:
+            max_items = MAX_ITEMS if role is Role.SERVER else MAX_BATCH_ITEMS
+        self.max_items = max_items
         # Server: has the client's init arrived?  Client: have we sent ours?
         self.initialised = False
         self.error: RemoteProtocolError | None = None
@@ -62,7 +69,7 @@ class MarinerConnection:
         out: list[Message] = []
         for body in bodies:
             try:
-                msg = decode_message(body)
+                msg = decode_message(body, self.max_items)
             except MalformedError as exc:
                 self.error = type(exc)(f"invalid Mariner message: {exc}")
                 raise self.error from None

@@ -21,7 +21,9 @@ from typing import Any
 
 import attrs
 
+from wire import boundedjson
 from wire.errors import MalformedError
+from wire.limits import ENVELOPE_DEPTH, MAX_DEPTH, MAX_ITEMS, MAX_PAYLOAD_ITEMS, ItemBudget
 
 # A message body that is not a valid Mariner message; the reason says why
 # (one class, see wire.errors).
@@ -195,6 +197,9 @@ def decode_payload(value: Any, path: str) -> Payload:
     ptype = _string(_field(obj, "type", path), f"{path}.type")
     data = _field(obj, "data", path)
     if ptype == "json":
+        # The message was parsed whole within its own limits; the payload
+        # alone must also fit a Skan message (what a bridge builds from it).
+        boundedjson.check_value(data, MAX_PAYLOAD_ITEMS, MAX_DEPTH, f"{path}.data")
         return JsonPayload(data)
     if ptype == "binary":
         return BinaryPayload(_base64(data, f"{path}.data"))
@@ -253,27 +258,22 @@ def _decode_events(obj: dict[str, Any]) -> Events:
     return Events(tuple(decode_event(e, f"events.events[{i}]") for i, e in enumerate(items)))
 
 
-def _no_constant(name: str) -> Any:
-    raise SchemaError(f"{name} is not valid JSON")
+def parse_json(body: bytes, max_items: int = MAX_ITEMS) -> Any:
+    """Strict UTF-8 JSON (no NaN/Infinity) within the decoder limits, with readable errors.
+
+    A payload may nest MAX_DEPTH levels below the message's own envelope.
+    """
+    return boundedjson.loads(
+        body, what="message", budget=ItemBudget(max_items), max_depth=MAX_DEPTH + ENVELOPE_DEPTH
+    )
 
 
-def parse_json(body: bytes) -> Any:
-    """Strict UTF-8 JSON (no NaN/Infinity), with readable errors."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SchemaError(f"message is not UTF-8 (byte {exc.start})") from None
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise SchemaError(f"message is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise SchemaError("message is nested too deeply") from None
+def decode_message(body: bytes, max_items: int = MAX_ITEMS) -> Message:
+    """One message body -> a typed message; :class:`SchemaError` when invalid.
 
-
-def decode_message(body: bytes) -> Message:
-    """One message body -> a typed message; :class:`SchemaError` when invalid."""
-    obj = parse_json(body)
+    ``max_items`` bounds the JSON values of the whole message.
+    """
+    obj = parse_json(body, max_items)
     if not isinstance(obj, dict):
         raise SchemaError(f"a message must be a JSON object, not {_kind(obj)}")
     mtype = _field(obj, "type", "message")

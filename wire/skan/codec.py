@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from wire.errors import LocalProtocolError, MalformedError
+from wire.errors import LimitError, LocalProtocolError, MalformedError
+from wire.limits import MAX_DEPTH, MAX_ITEMS
 
 MAGIC = b"Skan"
 
@@ -32,10 +33,11 @@ LENGTH_16 = 0x10
 LENGTH_8 = 0x20
 LENGTH_MASK = 0xF0
 
-# Nesting deeper than this is refused: the validator and the full decoder
-# recurse once per level, and an attacker-chosen depth must not exhaust the
-# Python stack.  Real messages nest a handful of levels.
-MAX_DEPTH = 100
+# Nesting deeper than MAX_DEPTH is refused: the validator and the full
+# decoder recurse once per level, and an attacker-chosen depth must not
+# exhaust the Python stack.  A message with more than MAX_ITEMS items (every
+# item at any depth, the routing tags included) is refused as soon as the
+# walk counts one too many, so its cost stays bounded (wire/limits.py).
 
 _TYPE_NAMES = {DATA: "DATA", HASH: "HASH", LIST: "LIST", NULL: "NULL"}
 
@@ -181,20 +183,37 @@ def _item_header(buf: bytes, pos: int, end: int, base: int) -> tuple[int, int, i
     return type_, start, stop
 
 
-def _validate(buf: bytes, type_: int, start: int, stop: int, base: int, depth: int) -> None:
-    """Check a HASH or LIST body without building Python objects."""
+def _too_many(pos: int, base: int) -> LimitError:
+    return LimitError(f"more than {MAX_ITEMS} items (at offset {pos - base})",
+                      offset=pos - base)
+
+
+def _validate(
+    buf: bytes, type_: int, start: int, stop: int, base: int, depth: int, items: int
+) -> int:
+    """Check a HASH or LIST body without building Python objects.
+
+    ``items`` counts the items seen so far in the message; returns the new count.
+    """
     if depth > MAX_DEPTH:
-        raise SkanError(f"nesting deeper than {MAX_DEPTH} levels at offset {start - base}")
+        raise LimitError(f"nesting deeper than {MAX_DEPTH} levels at offset {start - base}",
+                         offset=start - base)
     pos = start
     if type_ == LIST:
         while pos < stop:
+            items += 1
+            if items > MAX_ITEMS:
+                raise _too_many(pos, base)
             t, s, e = _item_header(buf, pos, stop, base)
             if t in (HASH, LIST):
-                _validate(buf, t, s, e, base, depth + 1)
+                items = _validate(buf, t, s, e, base, depth + 1, items)
             pos = e
-        return
+        return items
     seen: set[bytes] = set()
     while pos < stop:
+        items += 1
+        if items > MAX_ITEMS:
+            raise _too_many(pos, base)
         taglen = buf[pos]
         if taglen == 0:
             raise SkanError(f"zero tag length at offset {pos - base}")
@@ -207,8 +226,9 @@ def _validate(buf: bytes, type_: int, start: int, stop: int, base: int, depth: i
         seen.add(tag)
         t, s, e = _item_header(buf, tag_end, stop, base)
         if t in (HASH, LIST):
-            _validate(buf, t, s, e, base, depth + 1)
+            items = _validate(buf, t, s, e, base, depth + 1, items)
         pos = e
+    return items
 
 
 def _materialise(buf: bytes, type_: int, start: int, stop: int) -> Any:
@@ -246,7 +266,7 @@ def decode(message: bytes) -> dict[bytes, Any]:
     """Strictly decode a whole message (magic included, no length prefix)."""
     buf = bytes(message)
     _check_magic(buf, 0, len(buf))
-    _validate(buf, HASH, 4, len(buf), 0, 0)
+    _validate(buf, HASH, 4, len(buf), 0, 0, 0)
     return _materialise(buf, HASH, 4, len(buf))
 
 
@@ -279,6 +299,8 @@ def decode_header(buf: bytes, start: int = 0, end: int | None = None) -> dict[by
         _check_magic(buf, start, end)
     header: dict[bytes, Any] = {}
     count = 0
+    # Items below the top level (inside HASH/LIST values), for MAX_ITEMS.
+    nested = 0
     pos = start + 4
     while pos < end:
         taglen = buf[pos]
@@ -286,6 +308,8 @@ def decode_header(buf: bytes, start: int = 0, end: int | None = None) -> dict[by
         if taglen == 0 or tag_end >= end:
             _bad_tag(buf, pos, start, end)
         count += 1
+        if count > MAX_ITEMS:
+            raise _too_many(pos, start)
         if buf[tag_end] == 0x21 and tag_end + 2 <= end:
             # DATA with an 8-bit length: by far the most common case.
             s = tag_end + 2
@@ -303,7 +327,7 @@ def decode_header(buf: bytes, start: int = 0, end: int | None = None) -> dict[by
             elif t == NULL:
                 value = None
             else:
-                _validate(buf, t, s, e, start, 1)
+                nested = _validate(buf, t, s, e, start, 1, count + nested) - count
                 value = Nested(t, s, e)
             header[buf[pos + 1 : tag_end]] = value
         pos = e

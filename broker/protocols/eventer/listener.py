@@ -271,6 +271,14 @@ class EventerEndpoint(QueuedEndpoint):
         for expired in self.proto.check_timeouts(self.now()):
             if expired.kind == "ping":
                 continue  # the idle pinger judges liveness from any received bytes
+            if expired.kind == "peer":
+                # A conversation the client opened or handed back and abandoned:
+                # forgotten (bounded state), counted, the connection stays.
+                self.router.counters.protocol_error(self.protocol,
+                                                    ErrorKind.ABANDONED_CONVERSATION)
+                log.info("eventer %s (%s): expired a conversation the client left open",
+                         self.lname.decode(), self.client_name)
+                continue
             log.warning("eventer %s (%s): no answer to %s within %.1fs; closing",
                         self.lname.decode(), self.client_name, expired.kind,
                         self.proto.chatter.timeout)

@@ -1,0 +1,112 @@
+"""Real nats-server processes for the cluster tests: one server or a routed cluster."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from tests.debian import ensure_binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nats-server did not listen on {port}")
+
+
+class NatsNode:
+    def __init__(self, binary: str, workdir: pathlib.Path, name: str, cluster_port: int,
+                 routes: list[int]) -> None:
+        self.binary = binary
+        self.name = name
+        self.port = free_port()
+        self.cluster_port = cluster_port
+        self.routes = routes
+        self.log = workdir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> NatsNode:
+        cmd = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-n", self.name,
+               "-l", str(self.log)]
+        if self.cluster_port:
+            cmd += ["--cluster_name", "skan", "--cluster",
+                    f"nats://127.0.0.1:{self.cluster_port}"]
+            if self.routes:
+                cmd += ["--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class NatsCluster:
+    """``size`` nats-server nodes routed to each other (size 1: a lone server)."""
+
+    def __init__(self, size: int = 1) -> None:
+        binary = ensure_binary("nats-server", "nats-server")
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="skan-nats-"))
+        cports = [free_port() for _ in range(size)] if size > 1 else [0]
+        self.nodes = [
+            NatsNode(binary, self.dir, f"n{i}", cports[i] if size > 1 else 0,
+                     [p for j, p in enumerate(cports) if j != i] if size > 1 else [])
+            for i in range(size)
+        ]
+
+    def __enter__(self) -> NatsCluster:
+        for node in self.nodes:
+            node.start()
+        if len(self.nodes) > 1:
+            self.wait_routes()
+        return self
+
+    def wait_routes(self, timeout: float = 10.0) -> None:
+        """Until every node logs a route to each other node."""
+        want = len(self.nodes) - 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(_routes(n) >= want for n in self.nodes if n.proc and n.proc.poll() is None):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("nats cluster routes did not form")
+
+    def __exit__(self, *exc: object) -> None:
+        for node in self.nodes:
+            node.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _routes(node: NatsNode) -> int:
+    try:
+        text = node.log.read_text()
+    except OSError:
+        return 0
+    return text.count("Route connection created")

@@ -1,0 +1,41 @@
+"""The NATS client protocol (sans-IO), for the cluster backplane."""
+
+from wire.nats.protocol import (
+    PING,
+    PONG,
+    Err,
+    Info,
+    Msg,
+    NatsConnection,
+    NatsError,
+    Ok,
+    Ping,
+    Pong,
+    connect,
+    header_block,
+    hpub,
+    parse_headers,
+    pub,
+    sub,
+    unsub,
+)
+
+__all__ = [
+    "PING",
+    "PONG",
+    "Err",
+    "Info",
+    "Msg",
+    "NatsConnection",
+    "NatsError",
+    "Ok",
+    "Ping",
+    "Pong",
+    "connect",
+    "header_block",
+    "hpub",
+    "parse_headers",
+    "pub",
+    "sub",
+    "unsub",
+]
