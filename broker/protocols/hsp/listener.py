@@ -143,7 +143,10 @@ class HSPEndpoint(QueuedEndpoint):
                                      Rejected(f"HSP protocol error: {exc.reason}"))
                     self.closing = CloseReason.PROTOCOL_ERROR
                 return False
-        self._apply(inp.take(_event_size))
+        for events in inp.take(_event_size):
+            self._apply(events)
+            if self.closing is not None:
+                break
         if self.closing is not None:
             inp.clear()
             return False

@@ -71,18 +71,19 @@ class SkanEndpoint(QueuedEndpoint):
                 return False
         session = self.session
         handle = session.handle
-        for frame in inp.take():
-            try:
-                rejected = handle(frame)
-            except MalformedError as exc:
-                self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
-                return False
-            if rejected is not None:
-                self.router.counters.protocol_error(self.protocol, rejected.label)
-                self.enqueue(encode_frame(rejected.error_message()))
-                if rejected.close:
-                    self.closing = CloseReason.PROTOCOL_ERROR
+        for frames in inp.take():
+            for frame in frames:
+                try:
+                    rejected = handle(frame)
+                except MalformedError as exc:
+                    self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
                     return False
+                if rejected is not None:
+                    self.router.counters.protocol_error(self.protocol, rejected.label)
+                    self.enqueue(encode_frame(rejected.error_message()))
+                    if rejected.close:
+                        self.closing = CloseReason.PROTOCOL_ERROR
+                        return False
         self.opened = session.named
         return inp.pending
 
