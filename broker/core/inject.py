@@ -86,7 +86,7 @@ def build_send(
     return Injected(len(body).to_bytes(4, "big") + body, header)
 
 
-class FrameTooLarge(ValueError):
+class FrameTooLarge(Exception):
     """A message the broker built is larger than ``max_frame`` (see :func:`check_injected`)."""
 
 
@@ -96,15 +96,13 @@ def check_injected(router: Router, endpoint: Endpoint, message: Injected) -> Non
     Skan client with that limit is ever sent a frame it must refuse.
 
     Raises :class:`FrameTooLarge`, counted here once (a protocol error of
-    ``endpoint``'s protocol, kind ``too-large``, and ``built_too_large``); the
-    caller refuses the input at its edge with its own protocol's error.
+    ``endpoint``'s protocol, kind ``too-large``); the caller refuses the
+    input at its edge with its own protocol's error.
     """
     limit = router.max_frame
     size = len(message.frame) - 4
     if limit is not None and size > limit:
-        counters = router.counters
-        counters.built_too_large += 1
-        counters.protocol_error(endpoint.protocol, ErrorKind.TOO_LARGE)
+        router.counters.protocol_error(endpoint.protocol, ErrorKind.TOO_LARGE)
         raise FrameTooLarge(f"its Skan message of {size} bytes exceeds max_frame ({limit} bytes)")
 
 

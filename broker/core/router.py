@@ -152,8 +152,6 @@ class Counters:
     # Subscribes refused by max_subscriptions (also counted as protocol errors
     # by the adapter that answered them).
     subscriptions_refused: int = 0
-    # Frames the broker built that were refused for passing max_frame.
-    built_too_large: int = 0
     accepted: dict[str, int] = attrs.Factory(dict)
     closed: dict[str, int] = attrs.Factory(dict)
     # Totals of endpoints that have gone, so per-protocol sums survive disconnects.
