@@ -138,7 +138,10 @@ class QueuedEndpoint(Endpoint):
 
     # -- what the transport calls (subclasses) -----------------------------
 
-    def on_bytes(self, data: bytes) -> None:  # pragma: no cover - interface
+    def on_bytes(self, data: bytes) -> bool | None:  # pragma: no cover - interface
+        """Handle received bytes.  An endpoint that bounds its work per slice
+        returns True when input is left; the transport then calls it again
+        with ``b""`` after a checkpoint (see broker.core.session.InputSlices)."""
         raise NotImplementedError
 
     def partial_bytes(self) -> int:
