@@ -25,6 +25,7 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import Routed, Router
+from broker.core.session import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
@@ -96,6 +97,8 @@ class EventerEndpoint(QueuedEndpoint):
         self.backlog: deque[list[bytes]] = deque()
         self.backlog_bytes = 0
         self.seq = 0
+        # Requests received but not yet handled (bounded work per slice).
+        self.input: InputSlices[object] = InputSlices()
         # Set by the trio layer to its clock; any monotonic clock works.
         self.now: Callable[[], float] = time.monotonic
         # Set by the trio layer: called when a conversation deadline was added.
@@ -156,18 +159,26 @@ class EventerEndpoint(QueuedEndpoint):
 
     # ---- client side ---------------------------------------------------------------
 
-    def on_bytes(self, data: bytes) -> None:
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of requests (a burst of
+        queries or registrations); True when requests are left for another
+        slice (the transport calls again with b"")."""
+        inp = self.input
         try:
-            requests = self.proto.receive_data(data, self.now())
-            for req in requests:
-                if isinstance(req, w.EventsAcked):
-                    continue
-                if isinstance(req, w.InitRequest):
-                    self._init(req)
-                elif isinstance(req, w.RegisterRequest):
-                    self._register(req)
-                elif isinstance(req, w.QueryRequest):
-                    self._query(req)
+            if data:
+                inp.add(self.proto.receive_data(data, self.now()))
+            for requests in inp.take(_no_bytes):
+                for req in requests:
+                    if isinstance(req, w.EventsAcked):
+                        continue
+                    if isinstance(req, w.InitRequest):
+                        self._init(req)
+                    elif isinstance(req, w.RegisterRequest):
+                        self._register(req)
+                    elif isinstance(req, w.QueryRequest):
+                        self._query(req)
+                    if self.closing is not None:
+                        break
                 if self.closing is not None:
                     break
             if self.backlog and self.proto.credit > 0:
@@ -175,6 +186,10 @@ class EventerEndpoint(QueuedEndpoint):
         except ProtocolError as exc:
             self._fatal(str(exc))
         self._write()
+        if self.closing is not None:
+            inp.clear()
+            return False
+        return inp.pending
 
     def partial_bytes(self) -> int:
         return self.proto.chatter.buffered
@@ -286,6 +301,11 @@ class EventerEndpoint(QueuedEndpoint):
             return
         if self.backlog and self.proto.credit > 0:
             self._drain_backlog()
+
+
+def _no_bytes(request: object) -> int:
+    """Eventer requests are sliced by time only (the Chatter limits bound their size)."""
+    return 0
 
 
 def _nothing() -> None:
