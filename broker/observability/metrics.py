@@ -30,6 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.core.queue import QueuedEndpoint
+from broker.core.reasons import LISTENER_PROTOCOLS, RefusalReason
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
@@ -169,8 +170,13 @@ class BrokerCollector(Collector):
                                       "Connections refused at accept because max_connections "
                                       "(broker-wide or the listener's) was reached.",
                                       labels=["protocol", "reason"])
-        for key, n in sorted(c.refused.items()):
-            refused.add_metric(list(_split(key)), n)
+        # Every listener and reason from the first scrape, so rates are 0, not absent.
+        counts = {(p, str(r)): 0 for p in self.protocols if p in LISTENER_PROTOCOLS
+                  for r in RefusalReason}
+        for key, n in c.refused.items():
+            counts[_split(key)] = n
+        for labels, n in sorted(counts.items()):
+            refused.add_metric(list(labels), n)
         yield refused
         yield _counter("skan_accept_errors",
                        "accept() calls that failed for lack of descriptors or memory "

@@ -109,7 +109,7 @@ class _Listener:
 
 
 @attrs.frozen
-class _ProtocolListener(_Listener):
+class ProtocolListener(_Listener):
     """A listener of client connections (Skan, HSP, Eventer, Mariner)."""
 
     # This listener's own connection limit, within [broker] max_connections.
@@ -117,12 +117,12 @@ class _ProtocolListener(_Listener):
 
 
 @attrs.frozen
-class SkanSection(_ProtocolListener):
+class SkanSection(ProtocolListener):
     port: int = _port_field(9912)
 
 
 @attrs.frozen
-class _PeerListener(_ProtocolListener):
+class _PeerListener(ProtocolListener):
     """A listener that can be turned off and keeps idle peers alive with pings."""
 
     enabled: bool = True

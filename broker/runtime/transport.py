@@ -32,6 +32,7 @@ from broker.core.router import Router
 from clients.common import idle_pinger
 
 if TYPE_CHECKING:
+    from broker.runtime.config import ProtocolListener
     from broker.runtime.context import BrokerContext
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,16 @@ async def run_connection(
         await idle_pinger(lambda: ep.last_rx, send_ping, delay, timeout)
         ep.kill(CloseReason.PING_TIMEOUT)
 
+    async def pause_for_congestion() -> None:
+        # Back-pressure pauses are the broker's own: the timeouts do not count them.
+        nonlocal handshake_deadline, frame_started
+        paused = trio.current_time()
+        await relieve_congestion(router, grace)
+        paused = trio.current_time() - paused
+        handshake_deadline += paused
+        if frame_started is not None:
+            frame_started += paused
+
     def timed_out(kind: ErrorKind, reason: CloseReason, what: str) -> None:
         counters.protocol_error(ep.protocol, kind)
         log.info("%s %s: closing: %s", ep.protocol, ep.lname.decode(), what)
@@ -326,7 +337,13 @@ async def run_connection(
                 with reader_scope:
                     while ep.closing is None:
                         if gate.closed:
+                            # The broker's own pause is not the peer's delay.
+                            paused = trio.current_time()
                             await gate.wait_open()
+                            paused = trio.current_time() - paused
+                            handshake_deadline += paused
+                            if frame_started is not None:
+                                frame_started += paused
                         deadline = handshake_deadline if not ep.opened else float("inf")
                         if frame_started is not None and frame_timeout is not None:
                             deadline = min(deadline, frame_started + frame_timeout)
@@ -374,7 +391,7 @@ async def run_connection(
                             # one began in it: its clock starts now.
                             frame_started = ep.last_rx
                         if router.congested:
-                            await relieve_congestion(router, grace)
+                            await pause_for_congestion()
                         # Bounded work per slice: an endpoint that stopped at its
                         # slice bound (broker.core.session.SLICE_SECONDS) with input
                         # left is resumed after a checkpoint, so one connection's
@@ -386,7 +403,7 @@ async def run_connection(
                             finally:
                                 router.end_batch()
                             if router.congested:
-                                await relieve_congestion(router, grace)
+                                await pause_for_congestion()
                 # Let the writer send what is queued (error frame, replies), then close.
                 router.detach(ep, ep.closing or CloseReason.CLOSED)
                 ep.queue.wakeup()
@@ -520,17 +537,18 @@ async def _refuse(stream: trio.abc.Stream, refusal: bytes | None) -> None:
 async def serve_protocol(
     ctx: BrokerContext,
     protocol: Protocol,
-    section: Any,
+    section: ProtocolListener,
     new_endpoint: Callable[[], QueuedEndpoint],
     *,
+    keep_alive: tuple[float, float] | None = None,
     refusal: bytes | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve one protocol's listener(s) until cancelled: the one accept path of every protocol.
 
     ``section`` is the listener's config section (port, TLS, per-listener
-    ``max_connections``, and ``ping_delay``/``ping_timeout`` for protocols
-    with keep-alive).  ``new_endpoint()`` makes a fresh endpoint, which this
+    ``max_connections``); ``keep_alive`` is ``(ping_delay, ping_timeout)``
+    for protocols that ping idle peers.  ``new_endpoint()`` makes a fresh endpoint, which this
     attaches to the router and runs with :func:`run_connection`.  A
     connection over a limit gets ``refusal`` (the protocol's own way of
     saying "too many connections", if any) and is closed; counted.
@@ -539,10 +557,7 @@ async def serve_protocol(
     router = ctx.router
     listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key,
                                      reuse_port=cfg.reuse_port)
-    keep_alive = (
-        (section.ping_delay, section.ping_timeout) if hasattr(section, "ping_delay") else None
-    )
-    listener_max = getattr(section, "max_connections", None)
+    listener_max = section.max_connections
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)
 

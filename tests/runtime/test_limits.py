@@ -21,7 +21,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.runtime import app
-from broker.runtime.config import from_mapping
+from broker.runtime.config import ConfigError, from_mapping
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
 from wire.skan import decode, encode_frame
@@ -352,3 +352,28 @@ async def test_running_out_of_descriptors_is_logged_once_and_clients_keep_being_
             await s.aclose()
         await bystander.aclose()
         stop.set()
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("table", "key"), [
+    ({"broker": {"max_connections": 0}}, "broker.max_connections"),
+    ({"broker": {"handshake_timeout": 0}}, "broker.handshake_timeout"),
+    ({"broker": {"frame_timeout": -1.0}}, "broker.frame_timeout"),
+    ({"skan": {"max_connections": 0}}, "skan.max_connections"),
+    ({"mariner": {"max_connections": "many"}}, "mariner.max_connections"),
+])
+def test_limit_keys_are_validated_with_the_key_named(table, key):
+    with pytest.raises(ConfigError) as info:
+        from_mapping(table)
+    assert info.value.key == key
+
+
+def test_limit_defaults_follow_the_spec():
+    cfg = from_mapping({})
+    assert cfg.broker.max_connections == 10_000
+    assert cfg.broker.handshake_timeout == 10.0
+    assert cfg.broker.frame_timeout == 30.0
+    assert cfg.skan.max_connections is None
+    assert from_mapping({"hsp": {"max_connections": 5}}).hsp.max_connections == 5

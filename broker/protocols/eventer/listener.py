@@ -337,5 +337,7 @@ async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
 
     # No refusal message: Eventer can only refuse in MsgInitRes, an answer to
     # an init the connection has not sent yet; it is simply closed.
-    await serve_protocol(ctx, Protocol.EVENTER, ctx.config.eventer, new_endpoint,
+    section = ctx.config.eventer
+    await serve_protocol(ctx, Protocol.EVENTER, section, new_endpoint,
+                         keep_alive=(section.ping_delay, section.ping_timeout),
                          task_status=task_status)

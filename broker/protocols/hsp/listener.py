@@ -235,5 +235,7 @@ async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED)
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.
         return HSPEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
 
-    await serve_protocol(ctx, Protocol.HSP, ctx.config.hsp, new_endpoint,
+    section = ctx.config.hsp
+    await serve_protocol(ctx, Protocol.HSP, section, new_endpoint,
+                         keep_alive=(section.ping_delay, section.ping_timeout),
                          refusal=TOO_MANY_CONNECTIONS, task_status=task_status)

@@ -282,4 +282,5 @@ async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         )
 
     await serve_protocol(ctx, Protocol.MARINER, section, new_endpoint,
+                         keep_alive=(section.ping_delay, section.ping_timeout),
                          refusal=TOO_MANY_CONNECTIONS, task_status=task_status)
