@@ -1,53 +1,90 @@
-"""Foundation benchmark: 1->1, 1->10, 10->1 throughput and p50/p99 latency at 10k msgs/s.
+"""The broker against Mosquitto and NATS, interleaved in one run (see bench/compare.py).
 
-    make bench                         # starts its own broker with default settings
-    python -m bench.run --broker 127.0.0.1:9912   # a broker that is already running
-    python -m bench.run --config my.toml --seconds 10
+    make bench                                   # skan, mosquitto, nats; default settings
+    python -m bench.run --rounds 3 --seconds 5
+    python -m bench.run --before ../old-checkout # adds a broker running older code
+    python -m bench.run --pure                   # adds a broker with SKAN_PURE_PYTHON=1
+    python -m bench.run --bare                   # adds a broker with log, metrics, retention off
+    python -m bench.run --broker 127.0.0.1:9912  # a Skan broker that is already running
 
-Targets (issue 2, 100-byte messages, this 2-core machine): >= 150,000 msgs/s
-1->1, >= 600,000 deliveries/s 1->10, p99 <= 1 ms at 10k msgs/s.
+Scenarios (100-byte payloads): 1->1, 1->10, 10->1 (one group), 100->100 (100
+groups, one publisher and one subscriber each), latency p50/p99 at a fixed
+rate, and resident memory per idle connection with 10,000 connections open.
+Mosquitto and NATS are the Debian packages, installed when missing.
+
+Targets (issue 13, ratios in the same run): 1->1 >= 1.5x Mosquitto, 1->10 >=
+5x Mosquitto, 10->1 >= 1.5x Mosquitto, p99 <= 1.5x NATS at 10,000 msgs/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 
 import trio
 
-from bench.skan_load import Broker, latency, throughput
+from bench.anchors import Mosquitto, MqttClient, Nats, NatsClient
+from bench.compare import SCENARIOS, Target, run
+from bench.skan_load import Broker, SkanClient
 
-SCENARIOS = {"1-1": (1, 1), "1-10": (1, 10), "10-1": (10, 1)}
+# The per-message features off (--bare): what they cost, side by side.
+BARE = "\n[log]\nenabled = false\n[metrics]\nenabled = false\n[retention]\nsize = 0\n"
 
 
 async def main(args: argparse.Namespace) -> None:
     config = pathlib.Path(args.config).read_text() if args.config else ""
-    address = None
-    if args.broker:
-        host, _, port = args.broker.rpartition(":")
-        address = (host, int(port))
-    with Broker(config, address) as broker:
-        addr = broker.addr["skan"]
-        print(f"broker at {addr[0]}:{addr[1]}; {args.seconds:.0f}s per scenario, "
-              f"{100}-byte messages")
-        for name in args.scenarios.split(","):
-            if name == "latency":
-                p50, p99, n = await latency(addr, args.rate, args.seconds)
-                print(f"latency  at {args.rate:,} msgs/s: p50 {p50:.3f} ms  p99 {p99:.3f} ms "
-                      f"({n:,} samples)")
-            else:
-                pubs, subs = SCENARIOS[name]
-                result = await throughput(addr, pubs, subs, args.seconds, broker)
-                print(result.line(), flush=True)
+    scenarios = args.scenarios.split(",")
+    for s in scenarios:
+        if s != "latency" and s not in SCENARIOS:
+            raise SystemExit(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}, latency")
+    with contextlib.ExitStack() as stack:
+        targets: list[Target] = []
+
+        def skan(name: str, broker: Broker) -> None:
+            b = stack.enter_context(broker)
+            targets.append(Target(name, SkanClient(b, name), b.cpu_seconds,
+                                  b.rss if b.proc is not None else None))
+
+        if args.broker:
+            host, _, port = args.broker.rpartition(":")
+            skan("skan", Broker(config, (host, int(port))))
+        else:
+            skan("skan", Broker(config))
+        if args.before:
+            skan("skan-before", Broker(config, root=pathlib.Path(args.before).resolve()))
+        if args.bare:
+            skan("skan-bare", Broker(config + BARE))
+        if args.pure:
+            skan("skan-pure", Broker(config, env={"SKAN_PURE_PYTHON": "1"}))
+        if not args.no_anchors:
+            m = stack.enter_context(Mosquitto())
+            targets.append(Target("mosquitto", MqttClient(m), m.cpu_seconds, m.rss))
+            n = stack.enter_context(Nats())
+            targets.append(Target("nats", NatsClient(n), n.cpu_seconds, n.rss))
+        print(f"targets: {', '.join(t.name for t in targets)}; {args.rounds} round(s), "
+              f"{args.seconds:.0f}s per case, 100-byte payloads", flush=True)
+        await run(targets, scenarios, args.rounds, args.seconds, args.rate,
+                  args.latency_seconds, not args.no_memory)
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--broker", help="HOST:PORT of a running broker (default: start one)")
-    p.add_argument("--config", help="TOML config for the broker this benchmark starts")
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--rate", type=int, default=10_000, help="latency scenario rate")
-    p.add_argument("--scenarios", default="1-1,1-10,10-1,latency")
+    p.add_argument("--broker", help="HOST:PORT of a running Skan broker (default: start one)")
+    p.add_argument("--config", help="TOML config for the Skan broker(s) this benchmark starts")
+    p.add_argument("--before", help="another checkout of this repository: also run its broker")
+    p.add_argument("--pure", action="store_true",
+                   help="also run a broker in pure-Python mode (SKAN_PURE_PYTHON=1)")
+    p.add_argument("--bare", action="store_true",
+                   help="also run a broker with routing log, metrics and retention off")
+    p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the 10,000 idle connections memory figure")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per case")
+    p.add_argument("--latency-seconds", type=float, default=5.0)
+    p.add_argument("--rate", type=int, default=10_000, help="latency scenario rate, msgs/s")
+    p.add_argument("--scenarios", default="1->1,1->10,10->1,100->100,latency")
     return p.parse_args()
 
 

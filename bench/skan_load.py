@@ -19,10 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
 
+from bench.anchors import FrameMaker, proc_cpu_seconds, proc_rss
 from wire.skan import FrameSplitter, decode, encode_frame
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -47,9 +49,14 @@ class Result:
 class Broker:
     """Start ``python -m broker`` with a config, or point at a running one."""
 
-    def __init__(self, config: str = "", address: tuple[str, int] | None = None) -> None:
+    def __init__(self, config: str = "", address: tuple[str, int] | None = None,
+                 root: pathlib.Path = ROOT, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.address = address
+        # The source tree the broker runs from: another checkout gives a
+        # before/after comparison in one interleaved run.
+        self.root = root
+        self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.addr: dict[str, tuple[str, int]] = {}
         self.work: pathlib.Path | None = None
@@ -60,7 +67,7 @@ class Broker:
             return self
         work = self.work = pathlib.Path(tempfile.mkdtemp(prefix="skan-bench-"))
         (work / "broker.toml").write_text(self.config)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **self.env, "PYTHONPATH": str(self.root)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "--config", str(work / "broker.toml"),
              "--skan-port", "0", "--hsp-port", "0", "--eventer-port", "0",
@@ -96,8 +103,11 @@ class Broker:
     def cpu_seconds(self) -> float | None:
         if self.proc is None:
             return None
-        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return proc_cpu_seconds(self.proc.pid)
+
+    def rss(self) -> int:
+        assert self.proc is not None, "memory is measured on a broker this benchmark started"
+        return proc_rss(self.proc.pid)
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -256,3 +266,41 @@ async def latency(addr: tuple[str, int], rate: int, seconds: float) -> tuple[flo
     samples.sort()
     q = statistics.quantiles(samples, n=100)
     return q[49], q[98], len(samples)
+
+
+def _frames_done(data: bytes) -> bool:
+    return len(data) >= 4 and len(data) >= 4 + int.from_bytes(data[:4], "big")
+
+
+class SkanClient:
+    """The Skan side of the comparison benchmark (same interface as the anchors' clients)."""
+
+    name = "skan"
+
+    def __init__(self, broker: Broker, name: str = "skan") -> None:
+        self.addr = broker.addr["skan"]
+        self.name = name
+
+    async def publisher(self, group: str) -> tuple[trio.SocketStream, FrameMaker]:
+        stream, lname = await raw_connect(self.addr)
+        return stream, lambda payload, seq: send_frame(lname, group, payload, seq)
+
+    async def subscriber(self, group: str) -> trio.SocketStream:
+        return await subscribe(self.addr, group)
+
+    def delivered_size(self, group: str, published: bytes) -> int:
+        return len(published)  # forwarded byte-for-byte
+
+    def parser(self) -> Callable[[bytes], list[bytes]]:
+        splitter = FrameSplitter(1 << 20)
+
+        def feed(data: bytes) -> list[bytes]:
+            return [decode(f[4:])[b"msg"] for f in splitter.receive_data(data)]
+
+        return feed
+
+    async def settle(self) -> None:
+        await settle(self.addr)
+
+    def idle_handshake(self, i: int) -> tuple[bytes, Callable[[bytes], bool]]:
+        return encode_frame({"type": "getlname"}), _frames_done

@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from broker.core.events import MappingError, json_to_skan
+from clients.common import env_token
 from clients.hsp import DEFAULT_PORT as HSP_PORT
 from clients.hsp import HSPError, SkanOverHSP
 from clients.skan import (
@@ -71,6 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--ca", help="CA file to verify the broker's certificate")
     p.add_argument("--insecure", action="store_true", help="TLS without certificate checks")
+    p.add_argument("--cert", help="client certificate (PEM) to present; implies --tls")
+    p.add_argument("--key", help="private key of --cert (if not in the same file)")
+    p.add_argument("--token", help="credential sent in getlname "
+                   "(default: the SKAN_TOKEN environment variable)")
     sub = p.add_subparsers(dest="command", required=True)
 
     pub = sub.add_parser("pub", help="send a message to a group")
@@ -100,8 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     sub.add_parser("stats", help="print the broker's counters")
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     if args.port is None:
         args.port = HSP_PORT if args.protocol == "hsp" else DEFAULT_PORT
+    args.tls = args.tls or args.cert is not None
     if getattr(args, "acked", False) and args.protocol != "hsp":
         p.error("--acked needs --protocol hsp")
     return args
@@ -109,13 +116,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _connect(args: argparse.Namespace, ctx: Any):
     if args.protocol == "hsp":
-        return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx,
+        return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx, token=args.token,
                                    acked=getattr(args, "acked", False))
-    return SkanClient.connect(args.host, args.port, ssl_context=ctx)
+    return SkanClient.connect(args.host, args.port, ssl_context=ctx, token=args.token)
 
 
 async def run(args: argparse.Namespace, out=sys.stdout) -> int:
-    ctx = ssl_client_context(args.ca, args.insecure) if args.tls else None
+    ctx = ssl_client_context(args.ca, args.insecure, args.cert, args.key) if args.tls else None
     async with _connect(args, ctx) as client:
         if args.command == "pub":
             msg = _payload(args.message, args.json)
@@ -169,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"skan: cannot reach the broker at {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
+    except SkanClientError as exc:  # a refused credential: the broker says why
+        print(f"skan: broker refused: {exc.reason}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -6,6 +6,8 @@ The broker's listeners and bridges use the same keep-alive loop
 
 from __future__ import annotations
 
+import argparse
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,6 +48,30 @@ async def idle_pinger(
         await trio.sleep(timeout)
         if last_rx() < now:
             return
+
+
+def add_credential_args(p: argparse.ArgumentParser) -> None:
+    """``--token`` (default ``$SKAN_TOKEN``) and a TLS client certificate."""
+    p.add_argument("--token", help="credential for the broker's [[users]] "
+                   "(default: the SKAN_TOKEN environment variable)")
+    p.add_argument("--tls-cert", help="client certificate (PEM) to present; implies --tls")
+    p.add_argument("--tls-key", help="private key of --tls-cert (if not in the same file)")
+
+
+def env_token(token: str | None) -> str | None:
+    """``--token`` if given, else ``$SKAN_TOKEN`` (read after parsing, so a
+    help text never shows the secret as a default)."""
+    return token if token is not None else os.environ.get("SKAN_TOKEN")
+
+
+def tls_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client TLS context of ``--tls``/``--tls-ca``/``--tls-cert``/``--tls-key``."""
+    if not (args.tls or args.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls_cert:
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    return ctx
 
 
 class ReceiveIterator:

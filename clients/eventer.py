@@ -29,7 +29,13 @@ from typing import Any
 
 import trio
 
-from clients.common import idle_pinger, open_stream
+from clients.common import (
+    add_credential_args,
+    env_token,
+    idle_pinger,
+    open_stream,
+    tls_from_args,
+)
 from wire.chatter import Conversation, Envelope
 from wire.errors import ProtocolError
 from wire.eventer import (
@@ -386,7 +392,7 @@ def _print(events: Iterable[Event]) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    ctx = ssl.create_default_context(cafile=args.tls_ca) if args.tls else None
+    ctx = tls_from_args(args)
     subs = [_etype(p) for p in args.patterns] if args.command == "subscribe" else []
     async with EventerClient.connect(args.host, args.port, args.client_name, token=args.token,
                                      subscriptions=subs, ssl_context=ctx) as client:
@@ -439,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--client-name", default="skan-eventer-cli")
-    p.add_argument("--token")
+    add_credential_args(p)
     p.add_argument("--tls", action="store_true")
     p.add_argument("--tls-ca")
     sub = p.add_subparsers(dest="command", required=True)
@@ -459,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--order", choices=["descending", "ascending"], default="descending")
     q.add_argument("--server-id", type=int, default=1)
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     try:
         return trio.run(_run, args)
     except KeyboardInterrupt:

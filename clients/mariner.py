@@ -32,7 +32,14 @@ from typing import Any
 
 import trio
 
-from clients.common import ReceiveIterator, idle_pinger, open_stream
+from clients.common import (
+    ReceiveIterator,
+    add_credential_args,
+    env_token,
+    idle_pinger,
+    open_stream,
+    tls_from_args,
+)
 from wire import mariner as mw
 
 DEFAULT_PORT = 23014
@@ -212,7 +219,7 @@ def event_to_json(event: mw.Event) -> dict[str, Any]:
 
 
 async def _subscribe(args: argparse.Namespace) -> None:
-    ctx = ssl.create_default_context(cafile=args.tls_ca) if args.tls else None
+    ctx = tls_from_args(args)
     last = None
     if args.last_event_id:
         server, session, instance = (int(x) for x in args.last_event_id.split(","))
@@ -236,11 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--client-id", default="skan-mariner-cli")
-    p.add_argument("--token")
+    add_credential_args(p)
     p.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE")
     p.add_argument("--tls", action="store_true")
     p.add_argument("--tls-ca")
     args = p.parse_args(argv)
+    args.token = env_token(args.token)
     try:
         trio.run(_subscribe, args)
     except MarinerClosed as exc:

@@ -114,18 +114,32 @@ class SkanClient(ReceiveIterator):
         port: int = DEFAULT_PORT,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
-        """Connect, ask for the lname, and run the reader until the block exits."""
+        """Connect, ask for the lname, and run the reader until the block exits.
+
+        ``token`` is sent in the getlname (the broker's ``[[users]]``); a client
+        certificate goes in ``ssl_context`` (see :func:`ssl_client_context`).
+        A refused credential raises :class:`SkanClientError` ("not authorised: ...").
+        """
         stream = await open_stream(host, port, ssl_context)
         client = cls(stream, **kwargs)
+        refused: str | None = None
         try:
             async with trio.open_nursery() as nursery:
                 client._nursery = nursery
                 nursery.start_soon(client._reader)
-                client.lname = await client.getlname()
-                yield client
+                try:
+                    client.lname = await client.getlname(token)
+                except trio.EndOfChannel:
+                    refused = (client.errors[-1].reason if client.errors
+                               else "the broker closed the connection")
+                else:
+                    yield client
                 nursery.cancel_scope.cancel()
+            if refused is not None:
+                raise SkanClientError(refused)
         finally:
             client._closed = True
             await trio.aclose_forcefully(stream)
@@ -149,8 +163,11 @@ class SkanClient(ReceiveIterator):
         await self.send_raw(message)
         return await recv.receive()
 
-    async def getlname(self) -> str:
-        reply = await self._control({"type": "getlname"}, self._lname_waiters)
+    async def getlname(self, token: str | None = None) -> str:
+        message = {"type": "getlname"}
+        if token is not None:
+            message["token"] = token
+        reply = await self._control(message, self._lname_waiters)
         return reply.decode()
 
     async def barrier(self) -> None:
@@ -255,8 +272,13 @@ class SkanClient(ReceiveIterator):
                 self.errors.append(error)
 
 
-def ssl_client_context(ca: str | None = None, insecure: bool = False) -> ssl.SSLContext:
+def ssl_client_context(ca: str | None = None, insecure: bool = False,
+                       cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """TLS for a client: verify the broker with ``ca`` (system CAs by default)
+    and present the client certificate ``cert`` (with its ``key``) if given."""
     ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
     if insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

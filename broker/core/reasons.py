@@ -49,6 +49,10 @@ class CloseReason(StrEnum):
     INIT_REFUSED = "init-refused"
     # Credentials refused (Mariner token).
     UNAUTHORISED = "unauthorised"
+    # A configuration reload withdrew the credential it authenticated with.
+    REVOKED = "revoked"
+    # The TLS handshake failed (e.g. a required client certificate missing).
+    TLS_HANDSHAKE = "tls-handshake"
     # The protocol's opening did not complete within handshake_timeout.
     HANDSHAKE_TIMEOUT = "handshake-timeout"
     # A frame that had begun did not complete within frame_timeout.
@@ -93,6 +97,8 @@ class ErrorKind(StrEnum):
     HANDSHAKE_TIMEOUT = "handshake-timeout"
     # A frame that had begun did not complete within frame_timeout.
     FRAME_TIMEOUT = "frame-timeout"
+    # The TLS handshake failed or timed out.
+    TLS_HANDSHAKE = "tls-handshake"
     # A Chatter conversation the peer opened or handed back and then left open
     # longer than wire.chatter.connection.MAX_HELD_AGE (expired, connection kept).
     ABANDONED_CONVERSATION = "abandoned-conversation"

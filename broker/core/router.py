@@ -18,6 +18,7 @@ does not make every other client's traffic miss the cache.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +26,14 @@ from typing import Any
 
 import attrs
 
+from broker.core.auth import (
+    PUBLISH,
+    SUBSCRIBE,
+    Authenticator,
+    Permissions,
+    Principal,
+    Refusal,
+)
 from broker.core.reasons import CloseReason
 
 NORMAL = 0
@@ -33,6 +42,9 @@ PROMISC = 2
 SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
 
 STAR = b"*"
+
+# (group, instance, to, is_reply): what a message's recipients depend on.
+RouteKey = tuple[bytes, bytes, bytes, bool]
 
 # Recipient-set cache bound: directed traffic to many distinct lnames (or
 # many distinct instances) would otherwise grow the cache without limit.
@@ -103,6 +115,12 @@ class Endpoint:
         self.bytes_out = 0
         self.dropped = 0
         self.closed = False
+        # Who this connection is (section 7): set by Router.login.  ``perms``
+        # None means full rights (the hot path tests only that).
+        self.principal: Principal | None = None
+        self.perms: Permissions | None = None
+        # Subject CN of a verified TLS client certificate (set by the transport).
+        self.cert_name: str | None = None
 
     def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -112,6 +130,14 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.lname.decode(errors='replace')}>"
+
+
+class NotPermitted(Exception):
+    """A send or subscription outside the connection's permissions (already counted)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @attrs.define(slots=True, eq=False)
@@ -164,6 +190,16 @@ class Counters:
     refused: dict[str, int] = attrs.Factory(dict)
     # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
     accept_errors: int = 0
+    # Section 7: protocol -> refused credentials; "protocol:action" -> refusals.
+    auth_failures: dict[str, int] = attrs.Factory(dict)
+    permission_denied: dict[str, int] = attrs.Factory(dict)
+
+    def auth_failure(self, protocol: str) -> None:
+        self.auth_failures[protocol] = self.auth_failures.get(protocol, 0) + 1
+
+    def denied(self, protocol: str, action: str) -> None:
+        key = f"{protocol}:{action}"
+        self.permission_denied[key] = self.permission_denied.get(key, 0) + 1
 
     def protocol_error(self, protocol: str, reason: str) -> None:
         """Count one protocol error.  ``reason`` is a short fixed label
@@ -218,8 +254,25 @@ def _patterns_take(
     return False
 
 
+# Random bits in every lname (BROKER-SPEC section 7): 64 bits make guessing
+# another connection's lname (to forge a reply to it) hopeless.
+LNAME_RANDOM_BYTES = 8
+
+
+def _may_get_reply(target: Endpoint, group: bytes) -> bool:
+    """A reply reaches its requester regardless of subscriptions, but only in a
+    group the requester may subscribe to (as NATS asks for subscribe permission
+    on reply subjects)."""
+    return target.perms is None or target.perms.may_subscribe(group)
+
+
 class _LnameFactory:
-    """lnames in the historical msgq format ``%x_%x@%s``: hex time, hex counter, host."""
+    """lnames in the msgq format ``%x_%x@%s``: hex time, then the hex counter
+    followed by 16 hex digits from :mod:`secrets`, then the host.
+
+    The counter alone makes every lname unique for the broker's lifetime; the
+    random suffix makes it unguessable.
+    """
 
     def __init__(self, host: str | None = None) -> None:
         self._host = host or socket.gethostname() or "localhost"
@@ -227,7 +280,8 @@ class _LnameFactory:
 
     def __call__(self) -> bytes:
         self._counter += 1
-        return f"{int(time.time()):x}_{self._counter:x}@{self._host}".encode()
+        rand = secrets.token_hex(LNAME_RANDOM_BYTES)
+        return f"{int(time.time()):x}_{self._counter:x}{rand}@{self._host}".encode()
 
 
 class Router:
@@ -299,6 +353,102 @@ class Router:
         # buckets the transport fills per received chunk.
         self.group_stats: dict[bytes, list[int]] | None = None
         self.latency: Any = None
+        # Users and credentials (section 7); replaced on reload (reload_auth).
+        self.auth = Authenticator()
+
+    # ---- authentication and permissions (section 7) ----------------------
+    #
+    # The one place permissions are enforced, for every protocol: route()
+    # checks sends (replies included), subscribe() and subscribe_pattern()
+    # check subscriptions, _recipients() checks who may receive a reply.
+
+    def login(self, endpoint: Endpoint, token: str | bytes | None) -> str | None:
+        """Authenticate a connection from its token and/or certificate name.
+
+        Returns None when accepted (the endpoint then carries its principal and
+        permissions), else the refusal reason ("not authorised: ..."), counted
+        in ``auth_failures``; the adapter then refuses and closes.
+        """
+        result = self.auth.authenticate(endpoint.protocol, token, endpoint.cert_name)
+        if isinstance(result, Principal):
+            refused = self.auth.acquire(result)
+            if refused is None:
+                self._set_principal(endpoint, result)
+                return None
+            result = refused
+        assert isinstance(result, Refusal)
+        self.counters.auth_failure(endpoint.protocol)
+        return result.reason
+
+    def login_bridge(self, endpoint: Endpoint, user: str | None) -> None:
+        """Bridges act as their configured ``user`` (None: full rights)."""
+        self._set_principal(endpoint, self.auth.bridge_principal(user))
+
+    def _set_principal(self, endpoint: Endpoint, principal: Principal) -> None:
+        if endpoint.principal is not None:
+            self.auth.release(endpoint.principal)  # (bridges are never counted)
+        endpoint.principal = principal
+        endpoint.perms = principal.perms
+
+    def _denied(self, endpoint: Endpoint, action: str, reason: str) -> NotPermitted:
+        self.counters.denied(endpoint.protocol, action)
+        return NotPermitted(reason)
+
+    def check_publish(self, endpoint: Endpoint, group: bytes) -> None:
+        """Raise :class:`NotPermitted` (counted) if ``endpoint`` may not send to ``group``."""
+        perms = endpoint.perms
+        if perms is not None and not perms.may_publish(group):
+            raise self._denied(endpoint, PUBLISH, perms.publish_problem(group) or "")
+
+    def may_read(self, endpoint: Endpoint, group: bytes, to: bytes) -> bool:
+        """Could ``endpoint`` receive a message of ``group`` addressed ``to``
+        through a subscription it is permitted?  (Eventer queries over
+        retained messages use it.)  Directed messages to others need promisc."""
+        perms = endpoint.perms
+        if perms is None:
+            return True
+        if not perms.may_subscribe(group):
+            return False
+        return to == STAR or to == endpoint.lname or perms.promisc
+
+    def reload_auth(self, auth: Authenticator) -> list[Endpoint]:
+        """Switch to a reloaded configuration of users and permissions.
+
+        Live connections keep their principal with the new permissions;
+        subscriptions no longer permitted are removed.  Returns the endpoints
+        whose credential no longer authenticates (removed user, changed token,
+        anonymous access withdrawn): the caller closes them.
+        """
+        auth.connections = self.auth.connections
+        self.auth = auth
+        revoked: list[Endpoint] = []
+        for ep in list(self.endpoints.values()):
+            old = ep.principal
+            if old is None:
+                continue
+            new = auth.still_valid(old)
+            if new is None:
+                revoked.append(ep)
+                continue
+            ep.principal = new
+            ep.perms = new.perms
+            if new.perms is not None:
+                self._prune(ep, new.perms)
+        # Permissions decide reply eligibility in every group: drop every cached set.
+        self._invalidate_group(None)
+        return revoked
+
+    def _prune(self, ep: Endpoint, perms: Permissions) -> None:
+        """Remove the subscriptions of ``ep`` that ``perms`` no longer allow."""
+        for group, instance in list(self._owned.get(ep, ())):
+            subtype = self._subs[group][instance][ep]
+            if perms.subscribe_problem(group, subtype == PROMISC) is not None:
+                self.unsubscribe(ep, group, instance)
+        pats = self._patterns.get(ep)
+        if pats:
+            for pattern, subtype in list(pats.items()):
+                if perms.pattern_problem(pattern, subtype == PROMISC) is not None:
+                    self.unsubscribe_pattern(ep, pattern)
 
     # ---- endpoints -------------------------------------------------------
 
@@ -322,6 +472,8 @@ class Router:
         endpoint.closed = True
         del self.endpoints[endpoint.lname]
         self.live[endpoint.protocol] -= 1
+        if endpoint.principal is not None:
+            self.auth.release(endpoint.principal)
         for group, instance in self._owned.pop(endpoint, ()):
             self._remove(endpoint, group, instance)
             self._invalidate_group(group)
@@ -400,7 +552,14 @@ class Router:
 
         Returns False (counted, nothing changed) when a new subscription would
         pass ``max_subscriptions``; replacing a subtype is always allowed.
+        Raises :class:`NotPermitted` (counted; nothing subscribed) outside the
+        endpoint's subscribe permissions.
         """
+        perms = endpoint.perms
+        if perms is not None:
+            problem = perms.subscribe_problem(group, subtype == PROMISC)
+            if problem is not None:
+                raise self._denied(endpoint, SUBSCRIBE, problem)
         inst_map = self._subs.get(group, {}).get(instance)
         old = None if inst_map is None else inst_map.get(endpoint)
         if old is None and not self.subscriptions_fit(endpoint):
@@ -474,9 +633,16 @@ class Router:
         """Subscribe to every message whose event type matches a Hat pattern.
 
         Returns False (counted) when it would pass ``max_subscriptions``.
+        Raises :class:`NotPermitted` (counted) when the pattern reaches a group
+        outside the endpoint's subscribe permissions.
         """
-        pats = self._patterns.get(endpoint)
         pattern = tuple(pattern)
+        perms = endpoint.perms
+        if perms is not None:
+            problem = perms.pattern_problem(pattern, subtype == PROMISC)
+            if problem is not None:
+                raise self._denied(endpoint, SUBSCRIBE, problem)
+        pats = self._patterns.get(endpoint)
         if pats is None or pattern not in pats:
             if not self.subscriptions_fit(endpoint):
                 return False
@@ -526,12 +692,14 @@ class Router:
                     out.update(dict.fromkeys(members.broadcast))
                 else:
                     target = self.endpoints.get(to)
-                    if target is not None and (reply or target in members.directed):
+                    if target is not None and (
+                        (reply and _may_get_reply(target, group)) or target in members.directed
+                    ):
                         out[target] = None
                     out.update(dict.fromkeys(members.promisc))
             elif to != STAR and reply:
                 target = self.endpoints.get(to)
-                if target is not None:
+                if target is not None and _may_get_reply(target, group):
                     out[target] = None
         else:
             gmap = self._subs.get(group, {})
@@ -544,7 +712,7 @@ class Router:
             else:
                 target = self.endpoints.get(to)
                 if target is not None and (
-                    reply
+                    (reply and _may_get_reply(target, group))
                     or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
                 ):
                     out[target] = None
@@ -605,17 +773,28 @@ class Router:
         frame: bytes,
         header: dict[bytes, Any],
         origin: tuple[int, int, int, float] | None = None,
+        key: RouteKey | None = None,
     ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
+
+        Raises :class:`NotPermitted` (counted, nothing routed) when the sender
+        may not send to the group (replies included: a reply is a send).
 
         ``header`` must hold DATA values for group, instance and to (the
         caller validated them).  Never blocks and never raises for a slow
         recipient: ``deliver`` applies the policy.  ``origin`` (server,
         session, instance, timestamp) keeps the EventId and timestamp a
-        message got on the broker it entered (cluster backplane).
+        message got on the broker it entered (cluster backplane).  ``key`` is
+        ``(group, instance, to, is_reply)`` when the caller already has it
+        (the Skan session's decoder builds it in C).
         """
-        reply = b"repl" in header or b"reply" in header
-        key = (header[b"group"], header[b"instance"], header[b"to"], reply)
+        if key is None:
+            key = (header[b"group"], header[b"instance"], header[b"to"],
+                   b"repl" in header or b"reply" in header)
+        perms = sender.perms
+        # Hot path: a cached "allowed" verdict costs one dict lookup, no call.
+        if perms is not None and perms.publish_verdicts.get(key[0]) is not True:
+            self.check_publish(sender, key[0])
         recips = self._cache.get(key)
         if recips is None:
             recips = self.recipients(*key)
@@ -623,7 +802,7 @@ class Router:
             self._in_batch = True
             self.session += 1
             self._instance = 0
-        self._instance += 1
+        self._instance = instance = self._instance + 1
         size = len(frame)
         c = self.counters
         c.msgs_in += 1
@@ -631,7 +810,7 @@ class Router:
         sender.msgs_in += 1
         sender.bytes_in += size
         if origin is None:
-            routed = Routed(frame, header, sender, recips, 0, self.session, self._instance,
+            routed = Routed(frame, header, sender, recips, 0, self.session, instance,
                             self.clock(), self.server_id)
         else:
             routed = Routed(frame, header, sender, recips, 0, origin[1], origin[2],

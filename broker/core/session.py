@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from broker.core.reasons import ErrorKind
-from broker.core.router import SUBTYPES, Endpoint, Router
-from wire.skan import Nested, decode_header, encode_frame
+from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
+from wire.skan import Nested, codec, decode_header, encode_frame
 
 # Bounded work per scheduling slice.  A listener handles received messages
 # (frames, HSP commands) for at most SLICE_SECONDS of wall time, or about
@@ -98,6 +98,8 @@ class Rejected:
     reason: str
     seq: bytes | None = None
     close: bool = False
+    # A refusal of section 7 (credentials or permissions): HSP answers ERROR 4.
+    denied: bool = False
     # Kind of protocol error it is counted as (a metric label).
     label: ErrorKind = ErrorKind.REJECTED
 
@@ -123,43 +125,84 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
     return value
 
 
+def send_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
+    """The routing key ``(group, instance, to, is_reply)`` of a well-formed send from
+    ``lname``; None for any other message (which :meth:`SkanSession.handle` then
+    examines field by field).  The one statement of what a routable send is:
+    ``_speedups.decode_send`` compiles exactly this rule (differential tests)."""
+    if header.get(b"type") != b"send":
+        return None
+    group = header.get(b"group")
+    instance = header.get(b"instance")
+    to = header.get(b"to")
+    if (
+        type(group) is bytes
+        and type(instance) is bytes
+        and type(to) is bytes
+        and header.get(b"from") == lname
+        and b"msg" in header
+        and type(header.get(b"seq")) is bytes
+    ):
+        return (group, instance, to, b"repl" in header or b"reply" in header)
+    return None
+
+
+def decode_send_py(
+    frame: bytes, start: int, lname: bytes | None
+) -> tuple[dict[bytes, Any], RouteKey | None]:
+    """Decode a message's routing header and, for a named connection (``lname``
+    not None), its send routing key.  Raises SkanError for a malformed message."""
+    header = decode_header(frame, start)
+    return header, (send_key(header, lname) if lname is not None else None)
+
+
+# The hot path: one C call decodes the header and checks the send (see
+# wire/skan/_speedups.c); SKAN_PURE_PYTHON=1 or an unbuilt extension keeps this
+# reference.
+decode_send = decode_send_py
+if codec.IMPLEMENTATION == "c":
+    decode_send = codec._speedups.decode_send
+
+
 class SkanSession:
     """The Skan state of one connection (any transport carrying Skan messages)."""
 
-    __slots__ = ("endpoint", "named", "router")
+    __slots__ = ("endpoint", "lname", "named", "router")
 
     def __init__(self, router: Router, endpoint: Endpoint) -> None:
         self.router = router
         self.endpoint = endpoint
         self.named = False
+        # The connection's lname once getlname is done: what 'from' must say.
+        self.lname: bytes | None = None
 
     def handle(self, frame: bytes) -> Rejected | None:
         """Apply one framed Skan message (4-byte prefix included)."""
-        header = decode_header(frame, 4)
+        header, key = decode_send(frame, 4, self.lname)
+        if key is not None:
+            # Hot path: a well-formed send from this connection.
+            try:
+                self.router.route(self.endpoint, frame, header, key=key)
+            except NotPermitted as exc:
+                return Rejected(exc.reason, header[b"seq"], denied=True)
+            return None
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:
-            # Hot path: everything below is validation of the routing fields.
-            group = header.get(b"group")
-            instance = header.get(b"instance")
-            to = header.get(b"to")
-            sender = header.get(b"from")
-            if (
-                type(group) is bytes
-                and type(instance) is bytes
-                and type(to) is bytes
-                and sender == self.endpoint.lname
-                and b"msg" in header
-                and type(header.get(b"seq")) is bytes
-            ):
-                self.router.route(self.endpoint, frame, header)
-                return None
             return self._bad_send(header)
         seq = header.get(b"seq")
         seq = seq if type(seq) is bytes else None
         if not self.named:
             if mtype != b"getlname":
                 return Rejected("the first message must be getlname", seq, close=True)
+            # Section 7: getlname may carry the credential, a DATA field 'token'.
+            token = header.get(b"token")
+            if token is not None and type(token) is not bytes:
+                return Rejected("field 'token' of a getlname must be DATA", seq, close=True)
+            refused = self.router.login(self.endpoint, token)
+            if refused is not None:
+                return Rejected(refused, seq, close=True, denied=True)
             self.named = True
+            self.lname = self.endpoint.lname
             self.endpoint.send_control({"lname": self.endpoint.lname})
             return None
         if mtype == b"subscribe":
@@ -217,7 +260,11 @@ class SkanSession:
             return Rejected(
                 f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
             )
-        if not self.router.subscribe(self.endpoint, group, instance, subtype):
+        try:
+            subscribed = self.router.subscribe(self.endpoint, group, instance, subtype)
+        except NotPermitted as exc:
+            return Rejected(exc.reason, seq, denied=True)
+        if not subscribed:
             return Rejected(
                 f"too many subscriptions: this connection already holds "
                 f"{self.router.max_subscriptions} (max_subscriptions)",

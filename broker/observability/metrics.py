@@ -15,7 +15,7 @@ and error reasons the code chooses, configured bridge names) except the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -30,7 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.core.queue import QueuedEndpoint
-from broker.core.reasons import LISTENER_PROTOCOLS, RefusalReason
+from broker.core.reasons import LISTENER_PROTOCOLS, CloseReason, ErrorKind, RefusalReason
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
@@ -86,7 +86,8 @@ def prune_group_stats(
 class BrokerCollector(Collector):
     """Reads a broker's counters when Prometheus scrapes."""
 
-    def __init__(self, ctx: BrokerContext, protocols: Iterable[str] = ("skan",)) -> None:
+    def __init__(self, ctx: BrokerContext, protocols: Iterable[str] = ("skan",),
+                 errors: Mapping[str, Iterable[str]] | None = None) -> None:
         self.ctx = ctx
         cfg = ctx.config.metrics
         self.allowed = tuple(g.encode() for g in cfg.groups)
@@ -94,6 +95,17 @@ class BrokerCollector(Collector):
         # Protocols whose series exist (at 0) before their first connection, so
         # the first increase is visible to rate() and dashboards have a line.
         self.protocols = tuple(protocols)
+        # "protocol:reason" keys that exist at 0 from the first scrape, so
+        # rate() sees the first event and dashboards draw 0, not "no data":
+        # every close reason and every error kind (broker.core.reasons) of
+        # every protocol served, every refusal of every listener, plus the
+        # ``errors`` of listeners that are not routing endpoints (the metrics
+        # endpoint's own faults).
+        self.closed_keys = _keys(self.protocols, CloseReason)
+        self.error_keys = _keys(self.protocols, ErrorKind) + tuple(
+            f"{p}:{r}" for p, reasons in (errors or {}).items() for r in reasons)
+        self.refused_keys = _keys([p for p in self.protocols if p in LISTENER_PROTOCOLS],
+                                  RefusalReason)
 
     def collect(self) -> Iterator[Metric]:
         ctx = self.ctx
@@ -106,6 +118,7 @@ class BrokerCollector(Collector):
         per = dict(sorted(per.items()))
         yield from self._connections(router, per)
         yield from self._traffic(router, per)
+        yield from self._security(router)
         yield from self._queues(router)
         latency = router.latency
         if isinstance(latency, RouteLatency):
@@ -149,7 +162,7 @@ class BrokerCollector(Collector):
         yield accepted
         closed = CounterMetricFamily("skan_connections_closed", "Connections closed, by reason.",
                                      labels=["protocol", "reason"])
-        for key, n in sorted(c.closed.items()):
+        for key, n in sorted({**dict.fromkeys(self.closed_keys, 0), **c.closed}.items()):
             closed.add_metric(list(_split(key)), n)
         yield closed
         yield _counter("skan_slow_consumer_disconnects",
@@ -159,28 +172,43 @@ class BrokerCollector(Collector):
                                      "Protocol errors (malformed or refused input).",
                                      labels=["protocol", "reason"])
         labelled = 0
-        for key, n in sorted(c.errors.items()):
+        for key, n in sorted({**dict.fromkeys(self.error_keys, 0), **c.errors}.items()):
             errors.add_metric(list(_split(key)), n)
             labelled += n
-        if c.protocol_errors > labelled:
-            # Adapters that only bump the plain total still show up.
-            errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
+        # Adapters that only bump the plain total still show up.
+        errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
         refused = CounterMetricFamily("skan_connections_refused",
                                       "Connections refused at accept because max_connections "
                                       "(broker-wide or the listener's) was reached.",
                                       labels=["protocol", "reason"])
-        # Every listener and reason from the first scrape, so rates are 0, not absent.
-        counts = {(p, str(r)): 0 for p in self.protocols if p in LISTENER_PROTOCOLS
-                  for r in RefusalReason}
-        for key, n in c.refused.items():
-            counts[_split(key)] = n
-        for labels, n in sorted(counts.items()):
-            refused.add_metric(list(labels), n)
+        for key, n in sorted({**dict.fromkeys(self.refused_keys, 0), **c.refused}.items()):
+            refused.add_metric(list(_split(key)), n)
         yield refused
         yield _counter("skan_accept_errors",
                        "accept() calls that failed for lack of descriptors or memory "
                        "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
+
+    def _security(self, router: Router) -> Iterator[Metric]:
+        """Section 7: refused credentials and refused sends/subscriptions."""
+        c = router.counters
+        failures = CounterMetricFamily(
+            "skan_auth_failures",
+            "Connections refused for their credentials (wrong token, anonymous where not "
+            "allowed, max_connections of the user, required client certificate missing).",
+            labels=["protocol"])
+        listeners = [p for p in self.protocols if not p.startswith("bridge-")]
+        for proto in sorted({*listeners, *c.auth_failures}):
+            failures.add_metric([proto], c.auth_failures.get(proto, 0))
+        yield failures
+        denied = CounterMetricFamily(
+            "skan_permission_denied",
+            "Sends (publish) and subscriptions (subscribe) refused by the user's permissions.",
+            labels=["protocol", "action"])
+        keys = {f"{p}:{a}" for p in self.protocols for a in ("publish", "subscribe")}
+        for key in sorted(keys | set(c.permission_denied)):
+            denied.add_metric(list(_split(key)), c.permission_denied.get(key, 0))
+        yield denied
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters
@@ -338,6 +366,11 @@ class BrokerCollector(Collector):
                      0 if log.failure is None else 1)
 
 
+def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:
+    """ "protocol:reason" for every pair."""
+    return tuple(f"{p}:{r}" for p in protocols for r in reasons)
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
@@ -346,10 +379,11 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",)) -> CollectorRegistry:
+def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",),
+                   errors: Mapping[str, Iterable[str]] | None = None) -> CollectorRegistry:
     """A private registry: the broker's collector plus process, platform and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(ctx, protocols))
+    registry.register(BrokerCollector(ctx, protocols, errors))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -13,9 +13,10 @@ import trio
 
 from broker.core.retention import RetentionStore
 from broker.core.router import Router
-from broker.runtime.config import Config
+from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
+from broker.runtime.reload import reload_config
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,18 @@ async def run(
     ready: Callable[[list[str]], None] = _print_ready,
     stop: trio.Event | None = None,
     ctx_out: list[BrokerContext] | None = None,
+    reload: Callable[[], Config] | None = None,
 ) -> None:
-    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return."""
+    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return.
+
+    SIGHUP calls ``reload`` for a fresh configuration and applies it (see
+    :mod:`broker.runtime.reload`).
+    """
     config = apply_descriptor_limit(config)
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=new_router(config),
-                        services=tuple(name for name, _ in enabled))
+                        services=tuple(name for name, _ in enabled), reload=reload)
+    ctx.router.auth = build_authenticator(config)
     ctx.retention = RetentionStore(config.retention.size)
     ctx.retention.attach(ctx.router)
     if ctx_out is not None:
@@ -68,10 +75,13 @@ async def run(
             # move it out of the collector's way so full collections stay short.
             gc.collect()
             gc.freeze()
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
 
                 async def wait_signal() -> None:
                     async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            reload_config(ctx)
+                            continue
                         log.info("received %s, stopping", signal.Signals(signum).name)
                         stop.set()
                         return

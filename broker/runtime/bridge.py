@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
+from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
-from broker.core.router import NORMAL, Endpoint, Routed, Router
+from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
 from wire.errors import ProtocolError
 
@@ -42,6 +43,40 @@ class BridgeStatus:
     sent: int = 0
     received: int = 0
     last_error: str = ""
+    # Set once a refusal by the bridge's user's permissions has been logged.
+    denied_logged: bool = False
+    # Set once a received message refused for passing max_frame has been logged.
+    too_large_logged: bool = False
+
+
+def bridge_route(
+    router: Router, ep: Endpoint, message: Injected, status: BridgeStatus
+) -> NotPermitted | FrameTooLarge | None:
+    """Route a message the bridge received; None once routed, else the refusal:
+    :class:`NotPermitted` when the bridge's ``user`` may not send it (counted in
+    skan_permission_denied_total), :class:`FrameTooLarge` when its Skan message
+    would pass ``max_frame`` (counted as a too-large protocol error).  Each kind
+    is logged once per bridge, then only counted."""
+    try:
+        route_injected(router, ep, message)
+    except NotPermitted as exc:
+        _denied(status, exc)
+        return exc
+    except FrameTooLarge as exc:
+        status.last_error = f"a received message was refused: {exc}"
+        if not status.too_large_logged:
+            status.too_large_logged = True
+            log.warning("bridge %s: %s (further ones are only counted)",
+                        status.name, status.last_error)
+        return exc
+    return None
+
+
+def _denied(status: BridgeStatus, exc: NotPermitted) -> None:
+    status.last_error = exc.reason
+    if not status.denied_logged:
+        status.denied_logged = True
+        log.warning("bridge %s: %s (further refusals are only counted)", status.name, exc.reason)
 
 
 class BufferedBridgeEndpoint(Endpoint):
@@ -92,6 +127,10 @@ async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
         if not cfg.tls:
             return await trio.open_tcp_stream(host, port)
         ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+        if cfg.tls_cert is not None:
+            # A client certificate for peers that require one (e.g. another
+            # broker with tls_client_auth = "require").
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
         stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
         try:
             # Handshake now: a bad certificate is then a failed connect, so the
@@ -127,8 +166,13 @@ async def run_bridge(
     buffered even while it is unreachable.
     """
     router.attach(ep)
+    # Section 7: the bridge acts as its configured user (default: full rights).
+    router.login_bridge(ep, cfg.user)
     if subscribe:
-        router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+        try:
+            router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
+        except NotPermitted as exc:
+            _denied(status, exc)
     try:
         await _reconnect_forever(status, cfg, session)
     finally:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 
 import trio
 
 from broker.cluster.service import ClusterStartError
+from broker.core.auth import hash_token
 from broker.runtime import app, config, workers
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="skan-broker",
-        description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner).",
+        description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner).  "
+        "'skan-broker hash-token' reads a token on stdin and prints its token_sha256.",
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
     p.add_argument("--host", help="address every listener binds (default 127.0.0.1)")
@@ -53,7 +56,19 @@ def build_config(args: argparse.Namespace) -> config.Config:
     )
 
 
+def hash_token_main() -> int:
+    """``skan-broker hash-token``: read a token on stdin, print its ``token_sha256``."""
+    token = sys.stdin.readline().rstrip("\r\n")
+    if not token:
+        print("skan-broker hash-token: no token on standard input", file=sys.stderr)
+        return 2
+    print(hash_token(token))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["hash-token"]:
+        return hash_token_main()
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -62,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         cfg = build_config(args)
+        config.check_exposure(cfg)
     except config.ConfigError as exc:
         print(f"skan-broker: {exc}", file=sys.stderr)
         return 2
@@ -76,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return workers.run_workers(cfg, _without_workers(sys.argv[1:] if argv is None else argv),
                                    args.workers)
     try:
-        trio.run(app.run, cfg)
+        trio.run(partial(app.run, cfg, reload=partial(build_config, args)))
     except (OSError, ClusterStartError, BaseExceptionGroup) as exc:
         os_error = _find(exc, OSError) or _find(exc, ClusterStartError)
         if os_error is None:

@@ -8,6 +8,7 @@ reason, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 import types
 import typing
@@ -16,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from broker.core.auth import Authenticator, group_pattern_problem, hash_token
 from broker.core.queue import MIN_QUEUE_LIMIT
 from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
@@ -99,13 +101,23 @@ def _port_field(default: int) -> Any:
     return attrs.field(default=default, validator=_port)
 
 
+TLS_CLIENT_AUTH = ("none", "optional", "require")
+
+
 @attrs.frozen
 class _Listener:
-    """What every listener section has: its port and TLS (cert and key together)."""
+    """What every listener section has: its port and TLS (cert and key together).
+
+    ``tls_ca`` and ``tls_client_auth`` (section 7): client certificates signed
+    by that CA are asked for ("optional") or required ("require"); a verified
+    certificate whose subject CN is a user's name authenticates as that user.
+    """
 
     port: int = _port_field(0)
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_client_auth: str = attrs.field(default="none", validator=_one_of(*TLS_CLIENT_AUTH))
 
 
 @attrs.frozen
@@ -151,6 +163,9 @@ class MarinerSection(_PeerListener):
 class MetricsSection(_Listener):
     port: int = _port_field(9914)
     enabled: bool = True
+    # Address the metrics listener binds; None: [broker] host.  Lets the
+    # scrape port sit on a management network apart from client traffic.
+    host: str | None = None
     # Per-group series are exported only for these groups plus the top-N
     # groups by traffic: one series per arbitrary group name would let any
     # client blow up the scrape size and Prometheus' memory.
@@ -177,6 +192,46 @@ class RetentionSection:
 
 
 @attrs.frozen
+class AuthSection:
+    # None: true only when no [[users]] exist and every listener binds a
+    # loopback address (section 7, the Mosquitto 2.x rule).
+    allow_anonymous: bool | None = None
+    # Anonymous clients get this user's permissions (else full rights).
+    anonymous_user: str | None = None
+
+
+def _hex_sha256(inst: Any, attr: attrs.Attribute, value: str | None) -> None:
+    if value is not None and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF"
+                                                      for c in value)):
+        raise ValueError("must be 64 hex digits (skan-broker hash-token prints it)")
+
+
+def _group_patterns(inst: Any, attr: attrs.Attribute, value: tuple[str, ...]) -> None:
+    for pattern in value:
+        problem = group_pattern_problem(pattern)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def _optional_positive(inst: Any, attr: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError("must be greater than 0")
+
+
+@attrs.frozen
+class UserSection:
+    """One ``[[users]]`` entry (section 7)."""
+
+    name: str
+    token: str | None = None
+    token_sha256: str | None = attrs.field(default=None, validator=_hex_sha256)
+    publish: tuple[str, ...] = attrs.field(default=(), validator=_group_patterns)
+    subscribe: tuple[str, ...] = attrs.field(default=(), validator=_group_patterns)
+    promisc: bool = False
+    max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
+
+
+@attrs.frozen
 class BridgeSection:
     protocol: str = attrs.field(validator=_one_of("hsp", "eventer", "mariner"))
     address: str
@@ -193,6 +248,11 @@ class BridgeSection:
     backoff_max: float = attrs.field(default=30.0, validator=_positive)
     tls: bool = False
     tls_ca: str | None = None
+    # Client certificate (and key) presented to the peer over TLS.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # The [[users]] entry whose permissions this bridge has (None: full rights).
+    user: str | None = None
 
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.address.rpartition(":")
@@ -235,7 +295,9 @@ class Config:
     metrics: MetricsSection = MetricsSection()
     log: LogSection = LogSection()
     retention: RetentionSection = RetentionSection()
+    auth: AuthSection = AuthSection()
     bridges: tuple[BridgeSection, ...] = ()
+    users: tuple[UserSection, ...] = ()
     cluster: ClusterSection = ClusterSection()
 
 
@@ -248,6 +310,7 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "log": LogSection,
     "retention": RetentionSection,
+    "auth": AuthSection,
     "cluster": ClusterSection,
 }
 
@@ -312,6 +375,10 @@ def _check_bridge(key: str, bridge: BridgeSection) -> None:
         raise ConfigError(f"{key}.address", "must be 'host:port'")
     if bridge.protocol != "hsp" and any(not s for s in bridge.subscriptions):
         raise ConfigError(f"{key}.subscriptions", "an event-type pattern must not be empty")
+    if bridge.tls_key is not None and bridge.tls_cert is None:
+        raise ConfigError(f"{key}.tls_key", "needs tls_cert (the client certificate)")
+    if bridge.tls_cert is not None and not bridge.tls:
+        raise ConfigError(f"{key}.tls_cert", "a client certificate needs tls = true")
 
 
 def from_mapping(data: Mapping[str, Any]) -> Config:
@@ -327,6 +394,12 @@ def from_mapping(data: Mapping[str, Any]) -> Config:
                 _check_bridge(f"bridges[{i}]", bridge)
                 bridges.append(bridge)
             kwargs["bridges"] = tuple(bridges)
+        elif name == "users":
+            if not isinstance(value, list):
+                raise ConfigError("users", "must be an array of tables ([[users]])")
+            kwargs["users"] = tuple(
+                _build(UserSection, table, f"users[{i}]") for i, table in enumerate(value)
+            )
         elif name in _SECTIONS:
             if name == "cluster" and isinstance(value, Mapping) and isinstance(
                 value.get("url"), str
@@ -334,7 +407,7 @@ def from_mapping(data: Mapping[str, Any]) -> Config:
                 value = {**value, "url": [value["url"]]}  # one URL or a list
             kwargs[name] = _build(_SECTIONS[name], value, name)
         else:
-            known = ", ".join(sorted([*_SECTIONS, "bridges"]))
+            known = ", ".join(sorted([*_SECTIONS, "bridges", "users"]))
             raise ConfigError(name, f"unknown section (known: {known})")
     config = Config(**kwargs)
     validate(config)
@@ -358,6 +431,96 @@ def validate(config: Config) -> None:
         section = getattr(config, name)
         if (section.tls_cert is None) != (section.tls_key is None):
             raise ConfigError(f"{name}.tls_cert", "tls_cert and tls_key go together")
+        if section.tls_client_auth != "none" and section.tls_ca is None:
+            raise ConfigError(f"{name}.tls_client_auth",
+                              "client certificates need tls_ca (the CA that signs them)")
+        if name == "metrics" and section.tls_client_auth != "none":
+            raise ConfigError("metrics.tls_client_auth",
+                              "client certificates are not supported on the metrics listener")
+        if section.tls_ca is not None and section.tls_cert is None:
+            raise ConfigError(f"{name}.tls_ca", "needs tls_cert and tls_key (TLS on the listener)")
+    _validate_users(config)
+
+
+def _validate_users(config: Config) -> None:
+    names: set[str] = set()
+    digests: dict[str, str] = {}
+    for i, user in enumerate(config.users):
+        key = f"users[{i}]"
+        if not user.name:
+            raise ConfigError(f"{key}.name", "must not be empty")
+        if user.name in names:
+            raise ConfigError(f"{key}.name", f"user {user.name!r} is defined twice")
+        names.add(user.name)
+        if user.token is not None and user.token_sha256 is not None:
+            raise ConfigError(f"{key}.token", "give token or token_sha256, not both")
+        if user.token == "":
+            raise ConfigError(f"{key}.token", "must not be empty")
+        digest = (hash_token(user.token) if user.token is not None
+                  else (user.token_sha256 or "").lower() or None)
+        if digest is not None:
+            if digest in digests:
+                # A token must name exactly one user.
+                raise ConfigError(f"{key}.token", f"the same token as user {digests[digest]!r}")
+            digests[digest] = user.name
+    anon = config.auth.anonymous_user
+    if anon is not None and anon not in names:
+        raise ConfigError("auth.anonymous_user", f"{anon!r} is not the name of a [[users]] entry")
+    for i, bridge in enumerate(config.bridges):
+        if bridge.user is not None and bridge.user not in names:
+            raise ConfigError(f"bridges[{i}].user",
+                              f"{bridge.user!r} is not the name of a [[users]] entry")
+
+
+# Listeners whose clients authenticate (section 7); the metrics endpoint
+# serves read-only figures and is not one of them.
+AUTH_LISTENERS = ("skan", "hsp", "eventer", "mariner")
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything, assume reachable
+
+
+def anonymous_allowed(config: Config) -> bool:
+    """Section 7: explicit ``allow_anonymous``, else true only with no users
+    on loopback listeners."""
+    if config.auth.allow_anonymous is not None:
+        return config.auth.allow_anonymous
+    return not config.users and is_loopback(config.broker.host)
+
+
+def check_exposure(config: Config) -> None:
+    """Refuse to start (the Mosquitto 2.x rule): a non-loopback listener with
+    no users needs an explicit ``allow_anonymous = true``.
+
+    Checked at start-up after flags override the file (``--host``), and on reload.
+    """
+    host = config.broker.host
+    if config.users or config.auth.allow_anonymous is True or is_loopback(host):
+        return
+    raise ConfigError(
+        "auth.allow_anonymous",
+        f"the listeners bind {host!r}, which is not a loopback address, and no [[users]] "
+        "are configured: anyone who can reach this machine could read and write every "
+        "group.  Add [[users]] (see docs/security.md) or set allow_anonymous = true in "
+        "[auth] to accept that",
+    )
+
+
+def build_authenticator(config: Config) -> Authenticator:
+    """The router's :class:`Authenticator` for a validated configuration."""
+    return Authenticator.from_specs(
+        config.users,
+        allow_anonymous=anonymous_allowed(config),
+        anonymous_user=config.auth.anonymous_user,
+        listener_tokens={"eventer": config.eventer.token, "mariner": config.mariner.token},
+    )
 
 
 def nats_address(url: str) -> tuple[str, int]:

@@ -10,7 +10,7 @@ import trio
 
 from broker.core.router import Router
 from broker.runtime.config import Config
-from broker.runtime.transport import ConnectionLimits, Connections
+from broker.runtime.transport import ConnectionLimits, Connections, TLSListener
 
 if TYPE_CHECKING:
     from broker.cluster.service import ClusterLink
@@ -48,4 +48,8 @@ class BrokerContext:
     routelog: RoutingLog | None = None
     eventer: EventerService | None = None
     latest: LatestTable | None = None
+    # TLS listeners per listener protocol, whose contexts a reload replaces.
+    tls_listeners: dict[str, list[TLSListener]] = attrs.Factory(dict)
+    # Re-reads the configuration (file plus flags) on SIGHUP; None: no reload.
+    reload: Callable[[], Config] | None = None
     cluster: ClusterLink | None = None

@@ -57,10 +57,41 @@ ACCEPT_LOG_INTERVAL = 10.0
 REFUSAL_SEND_TIMEOUT = 1.0
 
 
-def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+# Seconds a client has to complete the TLS handshake before it is closed,
+# when the listener has no handshake_timeout of its own.
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+_VERIFY_MODES = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+                 "require": ssl.CERT_REQUIRED}
+
+
+def server_ssl_context(
+    cert: str, key: str, ca: str | None = None, client_auth: str = "none"
+) -> ssl.SSLContext:
+    """A listener's TLS context; with ``ca``, client certificates it signs are
+    asked for ("optional") or required ("require")."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
+    if ca is not None:
+        ctx.load_verify_locations(ca)
+    ctx.verify_mode = _VERIFY_MODES[client_auth]
     return ctx
+
+
+class TLSListener(trio.abc.Listener[trio.SSLStream]):
+    """A TLS listener whose context a configuration reload may replace
+    (new certificates and CAs apply to the next accepted connection)."""
+
+    def __init__(self, transport_listener: trio.abc.Listener, context: ssl.SSLContext) -> None:
+        self.transport_listener = transport_listener
+        self.context = context
+
+    async def accept(self) -> trio.SSLStream:
+        stream = await self.transport_listener.accept()
+        return trio.SSLStream(stream, self.context, server_side=True)
+
+    async def aclose(self) -> None:
+        await self.transport_listener.aclose()
 
 
 async def open_listeners(
@@ -70,6 +101,8 @@ async def open_listeners(
     tls_key: str | None = None,
     *,
     reuse_port: bool = False,
+    tls_ca: str | None = None,
+    client_auth: str = "none",
 ) -> list[trio.abc.Listener]:
     listeners: list[trio.abc.Listener]
     if reuse_port:
@@ -77,10 +110,8 @@ async def open_listeners(
     else:
         listeners = list(await trio.open_tcp_listeners(port, host=host))
     if tls_cert and tls_key:
-        ctx = server_ssl_context(tls_cert, tls_key)
-        listeners = [
-            trio.SSLListener(lst, ctx, https_compatible=False) for lst in listeners
-        ]
+        ctx = server_ssl_context(tls_cert, tls_key, tls_ca, client_auth)
+        listeners = [TLSListener(lst, ctx) for lst in listeners]
     return listeners
 
 
@@ -110,9 +141,52 @@ LISTEN_BACKLOG = 0xFFFF
 
 
 def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
-    inner = listener.transport_listener if isinstance(listener, trio.SSLListener) else listener
+    inner = getattr(listener, "transport_listener", listener)
     host, port = inner.socket.getsockname()[:2]
     return host, port
+
+
+def certificate_name(stream: trio.abc.Stream) -> str | None:
+    """Subject CN of the peer's verified client certificate, or None.
+
+    Only a certificate the handshake verified against the listener's CA is
+    returned by ``getpeercert`` (it is empty otherwise).
+    """
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    cert = stream.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
+
+
+async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Router,
+                        timeout: float | None = None) -> bool:
+    """Complete a TLS handshake up front (so the certificate is known before
+    the first message) and note the verified certificate's name on ``ep``.
+
+    False when the handshake fails or times out (counted; a failure where a
+    client certificate is required counts as an authentication failure).
+    """
+    if not isinstance(stream, trio.SSLStream):
+        return True
+    try:
+        with trio.fail_after(TLS_HANDSHAKE_TIMEOUT if timeout is None else timeout):
+            await stream.do_handshake()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+        if stream.context.verify_mode == ssl.CERT_REQUIRED:
+            router.counters.auth_failure(ep.protocol)
+        router.counters.protocol_error(ep.protocol, ErrorKind.TLS_HANDSHAKE)
+        cause = exc.__cause__ or exc
+        log.info("%s %s: TLS handshake failed: %s", ep.protocol, ep.lname.decode(), cause)
+        ep.closing = CloseReason.TLS_HANDSHAKE
+        return False
+    ep.cert_name = certificate_name(stream)
+    return True
 
 
 class AdmissionGate:
@@ -325,6 +399,10 @@ async def run_connection(
         ep.closing = reason
 
     try:
+        # TLS first (the client certificate names the user), within the
+        # same handshake deadline as the protocol's opening.
+        if not await tls_handshake(stream, ep, router, handshake_timeout):
+            return
         with conn_scope:
             async with trio.open_nursery() as nursery:
                 ep.kill = kill
@@ -555,13 +633,19 @@ async def serve_protocol(
     """
     cfg = ctx.config.broker
     router = ctx.router
-    listeners = await open_listeners(cfg.host, section.port, section.tls_cert, section.tls_key,
-                                     reuse_port=cfg.reuse_port)
-    listener_max = section.max_connections
+    listeners = await open_listeners(
+        cfg.host, section.port, section.tls_cert, section.tls_key, reuse_port=cfg.reuse_port,
+        tls_ca=section.tls_ca, client_auth=section.tls_client_auth,
+    )
+    # A configuration reload replaces their TLS contexts (broker.runtime.reload).
+    ctx.tls_listeners[str(protocol)] = [lst for lst in listeners if isinstance(lst, TLSListener)]
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)
 
     async def handle(stream: trio.abc.Stream) -> None:
+        # Limits as (re)loaded: a SIGHUP reload applies them to new connections.
+        cfg = ctx.config.broker
+        listener_max = getattr(getattr(ctx.config, str(protocol)), "max_connections", None)
         refused = limits.admit(protocol, listener_max)
         if refused is not None:
             router.counters.refuse(protocol, refused)

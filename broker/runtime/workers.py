@@ -75,8 +75,15 @@ def run_workers(config: Config, argv: list[str], workers: int) -> int:
             if p.poll() is None:
                 p.send_signal(signum)
 
+    def reload(signum: int, _frame: object) -> None:
+        # SIGHUP reloads every worker's configuration (docs/security.md).
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, reload)
     lines = _collect_listening(procs)
     if lines is None:
         stop(signal.SIGTERM, None)

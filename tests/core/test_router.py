@@ -50,6 +50,10 @@ def test_lnames_unique_in_msgq_format(router):
     assert host == b"test"
     t, c = a.lname.split(b"@")[0].split(b"_")
     int(t, 16), int(c, 16)  # both hex
+    # Section 7: the counter is followed by 16 hex digits of randomness.
+    assert len(c) >= 17
+    assert a.lname.split(b"_")[1][-16 - len(b"@test"):-len(b"@test")] != \
+        b.lname.split(b"_")[1][-16 - len(b"@test"):-len(b"@test")]
     router.detach(a)
     (c,) = make(router, 1)
     assert c.lname not in (a.lname, b.lname)

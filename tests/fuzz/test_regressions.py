@@ -14,11 +14,11 @@ import pytest
 
 from tests.brokerproc import BrokerProcess
 from tests.fuzz.syncpeer import SyncBystander, send_stream
+from tests.fuzz.test_decoders import http_exchange
 from wire import hsp
 from wire import mariner as mw
 from wire.errors import RemoteProtocolError
 from wire.eventer import ClientConnection, InitReq, ServerConnection
-from wire.http import RequestReader
 from wire.skan import FrameSplitter, decode, encode_frame
 
 
@@ -100,7 +100,7 @@ def test_eventer_decoder(name):
 
 @pytest.mark.parametrize("name", _cases(HTTP_CRASHERS))
 def test_http_decoder(name):
-    RequestReader().feed(HTTP_CRASHERS[name])
+    http_exchange([HTTP_CRASHERS[name]])
 
 
 @pytest.mark.parametrize("name", _cases(SKAN_CRASHERS))

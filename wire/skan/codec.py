@@ -15,6 +15,7 @@ cannot be encoded raises :class:`~wire.errors.LocalProtocolError`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from wire.errors import LimitError, LocalProtocolError, MalformedError
@@ -366,3 +367,27 @@ def item_bytes(buf: bytes, header: dict[bytes, Any], tag: bytes) -> Any:
     if isinstance(value, Nested):
         return _materialise(buf, value.type, value.start, value.stop)
     return value
+
+
+# --------------------------------------------------------------------------
+# Compiled hot path
+# --------------------------------------------------------------------------
+
+# The functions above are the reference.  ``wire/skan/_speedups.c`` (built by
+# ``pip install -e .``) replaces ``decode_header`` with a C scanner that
+# accepts exactly the same input and hands anything it refuses back to the
+# reference, so errors are identical.  SKAN_PURE_PYTHON=1 keeps the reference
+# (the test suite runs the codec tests both ways).  IMPLEMENTATION says which
+# one is in use: "c" or "python".
+PURE_PYTHON = os.environ.get("SKAN_PURE_PYTHON", "") not in ("", "0")
+decode_header_py = decode_header
+IMPLEMENTATION = "python"
+if not PURE_PYTHON:
+    try:
+        from wire.skan import _speedups
+    except ImportError:  # not built (no C compiler): the reference serves
+        pass
+    else:
+        _speedups.setup(Nested, decode_header_py, MAX_DEPTH, MAX_ITEMS)
+        decode_header = _speedups.decode_header  # type: ignore[assignment]
+        IMPLEMENTATION = "c"

@@ -36,7 +36,6 @@ from collections import OrderedDict
 import trio
 
 from broker.core import events
-from broker.core.inject import FrameTooLarge, route_injected
 from broker.core.reasons import Protocol
 from broker.core.router import Routed
 from broker.protocols.eventer.mapping import (
@@ -48,6 +47,7 @@ from broker.protocols.eventer.mapping import (
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
+    bridge_route,
     open_bridge_stream,
     run_bridge,
 )
@@ -125,12 +125,8 @@ class EventerBridge:
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            try:
-                route_injected(self.router, self.ep, message)
-            except FrameTooLarge as exc:  # counted by route_injected
-                log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
-                continue
-            self.status.received += 1
+            if bridge_route(self.router, self.ep, message, self.status) is None:
+                self.status.received += 1
         self.router.end_batch()
 
     async def _notifications(self, client: EventerClient) -> None:

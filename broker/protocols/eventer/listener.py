@@ -24,7 +24,7 @@ from broker.core.inject import FrameTooLarge, check_injected, route_injected
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import Routed, Router
+from broker.core.router import NotPermitted, Routed, Router
 from broker.core.session import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import LatestTable, run_query
@@ -49,7 +49,6 @@ class EventerService:
         self.ctx = ctx
         self.router = ctx.router
         self.server_id = ctx.config.broker.server_id
-        self.token = ctx.config.eventer.token
         self.status = w.Status.OPERATIONAL
         assert ctx.retention is not None, "the retention store starts before the listeners"
         self.store: RetentionStore = ctx.retention
@@ -204,28 +203,38 @@ class EventerEndpoint(QueuedEndpoint):
         r = req.request
         self.opened = True
         self.client_name = r.client_name
-        token = self.service.token
+        # Section 7: clientToken (or a client certificate) identifies the user.
+        refused = self.router.login(self, r.client_token)
+        if refused is not None:
+            self._refuse(req, refused, ErrorKind.NOT_AUTHORISED)
+            return
         reason = None
-        if token is not None and r.client_token != token:
-            reason = "client token does not match the server's"
         # [broker] max_subscriptions bounds the patterns of one connection.
-        if reason is None and not self.router.subscriptions_fit(self, len(r.subscriptions)):
+        if not self.router.subscriptions_fit(self, len(r.subscriptions)):
             reason = (f"too many subscriptions: {len(r.subscriptions)} "
                       f"(at most {self.router.max_subscriptions} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
-            self.router.counters.protocol_error(self.protocol, ErrorKind.INIT_REFUSED)
-            log.info("eventer %s (%s): init refused: %s", self.lname.decode(), r.client_name,
-                     reason)
-            self.proto.refuse(req.conv, reason)
-            self.closing = CloseReason.INIT_REFUSED
+            self._refuse(req, reason, ErrorKind.INIT_REFUSED)
             return
         if r.server_id is None or r.server_id == self.service.server_id:
             for pattern in r.subscriptions:
-                self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                try:
+                    self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
+                except NotPermitted as exc:
+                    # A pattern reaching outside 'subscribe' refuses the init.
+                    self._refuse(req, exc.reason, ErrorKind.NOT_AUTHORISED)
+                    return
         self.proto.accept(req.conv, self.service.status)
         self.service.connections.add(self)
+
+    def _refuse(self, req: w.InitRequest, reason: str, kind: ErrorKind) -> None:
+        self.router.counters.protocol_error(self.protocol, kind)
+        log.info("eventer %s (%s): init refused: %s", self.lname.decode(), self.client_name,
+                 reason)
+        self.proto.refuse(req.conv, reason)
+        self.closing = CloseReason.INIT_REFUSED
 
     def _register(self, req: w.RegisterRequest) -> None:
         sends = []
@@ -242,15 +251,22 @@ class EventerEndpoint(QueuedEndpoint):
                     ))
             except events.MappingError as exc:
                 failure = str(exc)
-            else:
-                # Every event must fit max_frame before any is routed (the
-                # registration succeeds or fails as a whole); counted once.
-                for i, message in enumerate(sends, 1):
-                    try:
-                        check_injected(self.router, self, message)
-                    except FrameTooLarge as exc:
-                        failure = f"event {i}: {exc}"
-                        break
+        if failure is None:
+            try:
+                # All or nothing: every event's group is checked before any is routed.
+                for message in sends:
+                    self.router.check_publish(self, message.header[b"group"])
+            except NotPermitted as exc:
+                failure = exc.reason
+        if failure is None:
+            # Every event must fit max_frame before any is routed (the
+            # registration succeeds or fails as a whole); counted once.
+            for i, message in enumerate(sends, 1):
+                try:
+                    check_injected(self.router, self, message)
+                except FrameTooLarge as exc:
+                    failure = f"event {i}: {exc}"
+                    break
         if failure is not None:
             log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
                      self.client_name, failure)
@@ -264,7 +280,16 @@ class EventerEndpoint(QueuedEndpoint):
 
     def _query(self, req: w.QueryRequest) -> None:
         svc = self.service
-        answer = run_query(req.params, svc.store, svc.latest, svc.server_id)
+        # Section 7: a query returns only what this client could have subscribed to.
+        visible = None
+        if self.perms is not None:
+            may_read = self.router.may_read
+
+            def visible(entry: Entry) -> bool:
+                header = view(entry).header
+                return may_read(self, header[b"group"], header[b"to"])
+
+        answer = run_query(req.params, svc.store, svc.latest, svc.server_id, visible)
         self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
                                 answer.more_follows)
 
@@ -325,12 +350,12 @@ async def _conversation_timer(ep: EventerEndpoint) -> None:
 
 
 async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    b = ctx.config.broker
     service = EventerService(ctx)
     ctx.eventer = service
     ctx.on_stopping.append(service.stopping)
 
     def new_endpoint() -> EventerEndpoint:
+        b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         ep = EventerEndpoint(service, ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
         ep.now = trio.current_time
         return ep

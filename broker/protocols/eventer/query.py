@@ -13,6 +13,8 @@ subscriptions select the same events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from broker.core import events
@@ -33,6 +35,14 @@ from wire import eventer as w
 # the response (about 60 bytes an event plus payloads) and the time one
 # query holds the event loop.  moreFollows tells the client to page on.
 QUERY_LIMIT = 10_000
+
+
+# Which retained entries the asking client may read (section 7); None: all.
+Visible = Callable[[Entry], bool] | None
+
+
+def _only(found: list[Entry], visible: Visible) -> list[Entry]:
+    return found if visible is None else [e for e in found if visible(e)]
 
 
 @attrs.frozen
@@ -92,9 +102,10 @@ def _cap(found: list[Entry], limit: int) -> Answer:
     return Answer(found[:limit], len(found) > limit)
 
 
-def query_latest(params: w.QueryLatestParams, latest: LatestTable) -> Answer:
+def query_latest(params: w.QueryLatestParams, latest: LatestTable,
+                 visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
-    found = [e for e in latest.entries() if accept is None or accept(e)]
+    found = _only([e for e in latest.entries() if accept is None or accept(e)], visible)
     found.sort(key=lambda e: (e[SESSION], e[INSTANCE]))
     return _cap(found, QUERY_LIMIT)
 
@@ -116,16 +127,16 @@ def _wire_us(t: w.Timestamp | None) -> int | None:
 
 
 def query_timeseries(params: w.QueryTimeseriesParams, store: RetentionStore,
-                     server_id: int) -> Answer:
+                     server_id: int, visible: Visible = None) -> Answer:
     accept = _type_filter(params.event_types)
     t_from = _wire_us(params.t_from)
     t_to = _wire_us(params.t_to)
-    found = [
+    found = _only([
         e for e in store.entries()
         if (accept is None or accept(e))
         and (t_from is None or _us(e[TIMESTAMP]) >= t_from)
         and (t_to is None or _us(e[TIMESTAMP]) <= t_to)
-    ]
+    ], visible)
     by_source = params.order_by is w.OrderBy.SOURCE_TIMESTAMP
     if by_source or params.source_t_from is not None or params.source_t_to is not None:
         # Only these need the routing header: events without a source
@@ -162,7 +173,8 @@ def query_timeseries(params: w.QueryTimeseriesParams, store: RetentionStore,
     return _cap(found, _limit(params.max_results))
 
 
-def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: int) -> Answer:
+def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: int,
+                 visible: Visible = None) -> Answer:
     if params.server_id != server_id:
         return Answer([], False)
     last = params.last_event_id
@@ -172,13 +184,14 @@ def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: 
         found = []
     else:
         found = store.entries_after(last.session, last.instance)
-    return _cap(found, _limit(params.max_results))
+    return _cap(_only(found, visible), _limit(params.max_results))
 
 
 def run_query(params: w.QueryParams, store: RetentionStore, latest: LatestTable,
-              server_id: int) -> Answer:
+              server_id: int, visible: Visible = None) -> Answer:
+    """Answer a query; ``visible`` leaves out what the asking client may not read."""
     if isinstance(params, w.QueryLatestParams):
-        return query_latest(params, latest)
+        return query_latest(params, latest, visible)
     if isinstance(params, w.QueryTimeseriesParams):
-        return query_timeseries(params, store, server_id)
-    return query_server(params, store, server_id)
+        return query_timeseries(params, store, server_id, visible)
+    return query_server(params, store, server_id, visible)

@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from broker.core.inject import FrameTooLarge, build_send, route_injected
+from broker.core.inject import FrameTooLarge, build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.router import Routed, Router
@@ -40,6 +40,7 @@ from broker.protocols.hsp.listener import TOO_LARGE
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
+    bridge_route,
     open_bridge_stream,
     run_bridge,
 )
@@ -129,20 +130,21 @@ class HSPBridge:
     def route_in(self, hsp_type: int, payload: bytes) -> str | None:
         """Route a payload from the peer into the configured group and instance.
 
-        Returns why it was refused (its Skan message would pass ``max_frame``;
-        counted by route_injected), or None once routed.
+        Returns why it was refused when its Skan message would pass
+        ``max_frame`` (counted; a DATA_ACK is answered ERROR 3), else None
+        (routed, or refused by the bridge user's permissions: counted and
+        logged by bridge_route).
         """
         self._seq += 1
         message = build_send(self.ep.lname, self.group, self.instance, self._seq, payload,
                              {HSP_TYPE_TAG: str(hsp_type).encode()})
-        try:
-            route_injected(self.router, self.ep, message)
-        except FrameTooLarge as exc:
-            reason = f"payload of {len(payload)} bytes: {exc}"
-            log.warning("bridge %s: %s; refused", self.status.name, reason)
-            return reason
-        self.status.received += 1
-        return None
+        refused = bridge_route(self.router, self.ep, message, self.status)
+        if refused is None:
+            self.status.received += 1
+            return None
+        if isinstance(refused, FrameTooLarge):
+            return f"payload of {len(payload)} bytes: {refused}"
+        return None  # not permitted: counted and logged by bridge_route; ACKed as before
 
     # ---- one connection -------------------------------------------------------
 

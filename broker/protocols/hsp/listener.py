@@ -13,7 +13,8 @@ Answers to DATA_ACK (see docs/hsp.md for the full mapping):
 - malformed Skan message -> ERROR 1; the connection stays open
 - semantic fault         -> ERROR 2 (the Skan error text); unknown Type -> ERROR 2
 - payload over the limit -> ERROR 3 (the payload is skipped, never buffered)
-- anything before getlname -> ERROR 4 and the connection is closed
+- anything before getlname, or refused credentials -> ERROR 4 and the connection is closed
+- a send or subscribe outside the user's permissions -> ERROR 4; the connection stays open
 
 A plain DATA has no way to be answered: its faults are reported the way
 native Skan reports them, as a Skan error frame ``{"type": "error", ...}``
@@ -175,7 +176,9 @@ class HSPEndpoint(QueuedEndpoint):
                         self._data_error(ErrorKind.NOT_AUTHORISED, rejected)
                         self.closing = CloseReason.PROTOCOL_ERROR
                         return
-                    self._data_error(rejected.label, rejected)
+                    self._data_error(
+                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label,
+                        rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
                     return
@@ -218,7 +221,10 @@ class HSPEndpoint(QueuedEndpoint):
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
             self.closing = CloseReason.PROTOCOL_ERROR
             return False
-        self._answer_error(mid, REJECTED, rejected.reason, rejected.label)
+        if rejected.denied:
+            self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
+        else:
+            self._answer_error(mid, REJECTED, rejected.reason, rejected.label)
         return True
 
 
@@ -229,9 +235,8 @@ def _event_size(ev: Event) -> int:
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    b = ctx.config.broker
-
     def new_endpoint() -> HSPEndpoint:
+        b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         # The payload of Type 1 is a Skan message, so Skan's frame limit bounds it.
         return HSPEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
 

@@ -27,11 +27,10 @@ from __future__ import annotations
 import logging
 
 from broker.core.events import MappingError, send_for_event, timestamp_from_parts
-from broker.core.inject import FrameTooLarge, route_injected
 from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.router import Endpoint, Routed, Router
 from broker.protocols.mariner.mapping import payload_from_mariner
-from broker.runtime.bridge import BridgeStatus, open_bridge_stream, run_bridge
+from broker.runtime.bridge import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
@@ -103,16 +102,12 @@ class MarinerBridge:
         except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))
             return
-        try:
-            route_injected(self.router, self.ep, message)
-        except FrameTooLarge as exc:
-            self._refuse(event, str(exc), counted=True)
-            return
-        self.status.received += 1
+        # A refusal (permissions, max_frame) is counted and logged by bridge_route.
+        if bridge_route(self.router, self.ep, message, self.status) is None:
+            self.status.received += 1
 
-    def _refuse(self, event: mw.Event, reason: str, *, counted: bool = False) -> None:
-        if not counted:  # route_injected counts a frame over max_frame itself
-            self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)
+    def _refuse(self, event: mw.Event, reason: str) -> None:
+        self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)
         self.status.last_error = f"event {event.id} not routed: {reason}"
         log.warning("bridge %s: event %s (type %s) not routed: %s",
                     self.status.name, event.id, list(event.type), reason)

@@ -30,7 +30,7 @@ from broker.core.events import pattern_bytes
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import RetentionStore
-from broker.core.router import Routed, Router
+from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
@@ -63,14 +63,12 @@ class MarinerEndpoint(QueuedEndpoint):
         policy: str,
         *,
         max_message: int,
-        token: str | None,
         server_id: int,
         retention: RetentionStore | None,
         encoded: EncodedEvents,
     ) -> None:
         super().__init__(router, queue_limit, policy)
         self.conn = mw.MarinerConnection(mw.SERVER, max_message)
-        self.token = token
         self.server_id = server_id
         self.retention = retention
         self.encoded = encoded
@@ -118,19 +116,21 @@ class MarinerEndpoint(QueuedEndpoint):
         self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
         self.closing = CloseReason.PROTOCOL_ERROR
 
+    def _unauthorised(self, reason: str) -> None:
+        log.warning("mariner %s: client %r refused: %s", self.lname.decode(), self.client_id,
+                    reason)
+        self.router.counters.protocol_error(self.protocol, ErrorKind.NOT_AUTHORISED)
+        self.enqueue(mw.encode_frame(mw.encode_message(mw.Error(reason))))
+        self.closing = CloseReason.UNAUTHORISED
+
     def _init(self, init: mw.Init) -> None:
         self.client_id = init.client_id
         self.opened = True
-        if self.token is not None and init.client_token != self.token:
-            log.warning(
-                "mariner %s: client %r refused: client_token does not match",
-                self.lname.decode(), init.client_id,
-            )
-            self.router.counters.protocol_error(self.protocol, ErrorKind.NOT_AUTHORISED)
-            self.enqueue(
-                mw.encode_frame(mw.encode_message(mw.Error("client_token does not match")))
-            )
-            self.closing = CloseReason.UNAUTHORISED
+        # Section 7: client_token (or a client certificate) identifies the user;
+        # a refusal closes the connection (after an error message, see above).
+        refused = self.router.login(self, init.client_token)
+        if refused is not None:
+            self._unauthorised(refused)
             return
         # [broker] max_subscriptions bounds the patterns of one connection.
         if not self.router.subscriptions_fit(self, len(init.subscriptions)):
@@ -140,7 +140,11 @@ class MarinerEndpoint(QueuedEndpoint):
             )
             return
         for pattern in init.subscriptions:
-            self.router.subscribe_pattern(self, pattern_bytes(pattern))
+            try:
+                self.router.subscribe_pattern(self, pattern_bytes(pattern))
+            except NotPermitted as exc:
+                self._unauthorised(exc.reason)
+                return
         last = init.last_event_id
         if last is None or self.retention is None or not init.subscriptions:
             return
@@ -275,9 +279,10 @@ async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     encoded = EncodedEvents(b.server_id)
 
     def new_endpoint() -> MarinerEndpoint:
+        b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         return MarinerEndpoint(
             ctx.router, b.queue_limit, b.slow_consumer, max_message=b.max_frame,
-            token=section.token, server_id=b.server_id, retention=ctx.retention,
+            server_id=b.server_id, retention=ctx.retention,
             encoded=encoded,
         )
 

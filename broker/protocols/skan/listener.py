@@ -79,7 +79,9 @@ class SkanEndpoint(QueuedEndpoint):
                     self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
                     return False
                 if rejected is not None:
-                    self.router.counters.protocol_error(self.protocol, rejected.label)
+                    self.router.counters.protocol_error(
+                        self.protocol,
+                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label)
                     self.enqueue(encode_frame(rejected.error_message()))
                     if rejected.close:
                         self.closing = CloseReason.PROTOCOL_ERROR
@@ -95,9 +97,8 @@ class SkanEndpoint(QueuedEndpoint):
 
 
 async def serve_skan(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    b = ctx.config.broker
-
     def new_endpoint() -> SkanEndpoint:
+        b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
         return SkanEndpoint(ctx.router, b.queue_limit, b.slow_consumer, b.max_frame)
 
     await serve_protocol(ctx, Protocol.SKAN, ctx.config.skan, new_endpoint,

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trio
 from prometheus_client.exposition import generate_latest
 
+from broker.core.reasons import CloseReason, ErrorKind, RefusalReason
 from broker.core.router import Router
 from broker.observability.metrics import build_registry, exported_groups, prune_group_stats
 from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
 from broker.runtime.config import BridgeSection, Config, MetricsSection
 from broker.runtime.context import BrokerContext
 from clients.skan import SkanClient
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import samples, scrape, value
 from tests.rawhsp import RawHSP
 from tests.rawmariner import RawMariner
@@ -268,4 +271,48 @@ async def test_hsp_and_mariner_errors_carry_protocol_and_reason(mbroker):
     assert delta(after, "eventer", "bad-message") == 1
     unlabelled = ("skan_protocol_errors_total",
                   frozenset({"protocol": "unknown", "reason": "unlabelled"}.items()))
-    assert unlabelled not in after
+    assert after[unlabelled] == 0  # every error above carried its protocol and reason
+
+
+# ---- every known label value exists from the first scrape -----------------------
+
+
+async def test_closed_and_error_series_exist_at_zero_from_the_first_scrape():
+    with BrokerProcess("[log]\nenabled = false\n") as proc:
+        data = await scrape(proc.addr["metrics"])
+    for proto in ("skan", "hsp", "eventer", "mariner"):
+        for reason in CloseReason:
+            assert value(data, "skan_connections_closed_total", protocol=proto,
+                         reason=reason) == 0, (proto, reason)
+        for kind in ErrorKind:
+            assert value(data, "skan_protocol_errors_total", protocol=proto,
+                         reason=kind) == 0, (proto, kind)
+        for refusal in RefusalReason:
+            assert value(data, "skan_connections_refused_total", protocol=proto,
+                         reason=refusal) == 0, (proto, refusal)
+    # A few spelled out, so the test does not only compare the code with itself.
+    for proto, reason in (("skan", "eof"), ("skan", "slow-consumer"), ("hsp", "ping-timeout"),
+                          ("eventer", "conversation-timeout"), ("mariner", "unauthorised")):
+        assert value(data, "skan_connections_closed_total", protocol=proto, reason=reason) == 0
+    for proto, reason in (("skan", "malformed"), ("hsp", "too-large"),
+                          ("eventer", "bad-message"), ("metrics", "request-timeout"),
+                          ("metrics", "malformed"), ("unknown", "unlabelled")):
+        assert value(data, "skan_protocol_errors_total", protocol=proto, reason=reason) == 0
+    # No bridge configured: no bridge protocols, no bridge series.
+    assert not any(proto.startswith("bridge-") for (name, labels) in data
+                   for key, proto in labels if key == "protocol")
+
+
+def test_every_reason_the_code_uses_is_an_enum_member():
+    """Reasons passed to protocol_error(), refuse(), detach(), kill() or set as
+    ``closing`` in broker/ are members of the StrEnums of broker.core.reasons
+    (all initialised at 0 above), never string literals that would start absent."""
+    literal = re.compile(r'(?:protocol_error\(|refuse\(|detach\()[^()"]*,\s*"'
+                         r'|closing = "|kill\("')
+    calls = re.compile(r"protocol_error\(|refuse\(|detach\(|closing = |kill\(")
+    found = 0
+    for path in (ROOT / "broker").rglob("*.py"):
+        text = path.read_text()
+        found += len(calls.findall(text))
+        assert not literal.search(text), (path, literal.search(text).group())
+    assert found > 20  # the patterns still find the call sites

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -53,3 +54,30 @@ def test_provisioning_points_at_the_dashboard_and_datasource():
     assert "type: prometheus" in datasource and "uid: skan-prometheus" in datasource
     readme = (GRAFANA / "README.md").read_text()
     assert "/var/lib/grafana/dashboards/skan" in readme
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("grafana_generate", GRAFANA / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_dashboard_is_the_generator_output():
+    """grafana/dashboards/skan-broker.json is exactly what grafana/generate.py writes."""
+    generate = _generator()
+    assert generate.OUTPUT == GRAFANA / "dashboards" / "skan-broker.json"
+    assert generate.render() == generate.OUTPUT.read_text(), (
+        "the dashboard JSON is out of date: run python grafana/generate.py")
+    assert generate.main(["--check"]) == 0
+
+
+def test_bridge_panels_have_a_value_without_bridges():
+    """Every bridge query falls back to a series of its own when no bridge exists."""
+    bridge_panels = [p for p in _dashboard()["panels"]
+                     if p["type"] != "row" and "skan_bridge_" in json.dumps(p["targets"])]
+    assert len(bridge_panels) == 4
+    for panel in bridge_panels:
+        for target in panel["targets"]:
+            assert re.search(r' or on\(\) label_replace\(vector\(-?\d\), "bridge", "none"',
+                             target["expr"]), (panel["title"], target["expr"])

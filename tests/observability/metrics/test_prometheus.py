@@ -1,10 +1,11 @@
-"""A real Prometheus scrapes two real brokers while traffic flows; the dashboard's queries work.
+"""A real Prometheus scrapes real brokers while traffic flows; the dashboard's queries work.
 
 Every PromQL expression of grafana/dashboards/skan-broker.json is evaluated
 through Prometheus' HTTP API and must return data, and the scraped
 counters must equal what the traffic did.  Broker A drops for slow
 consumers (policy drop), broker B disconnects them; both carry an HSP
-bridge to an address where nothing listens (up 0, reconnecting).
+bridge to an address where nothing listens (up 0, reconnecting).  Broker C
+has no bridge and no traffic: what an operator sees on a quiet new broker.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ groups = ["alpha"]
 top_groups = 3
 """ + BRIDGE
 
+CONFIG_C = """
+[metrics]
+groups = ["alpha"]
+"""
+
 CONFIG_B = """
 [broker]
 max_frame = 65536
@@ -71,8 +77,10 @@ def dashboard_expressions() -> list[tuple[str, str]]:
     return out
 
 
-def expand(expr: str) -> str:
-    for name, value in VARIABLES.items():
+def expand(expr: str, instance: str | None = None) -> str:
+    """Grafana's expansion of the variables: all instances, or the one given."""
+    variables = VARIABLES if instance is None else {**VARIABLES, "$instance": instance}
+    for name, value in variables.items():
         expr = expr.replace(name, value)
     assert "$" not in expr, f"unexpanded variable in {expr}"
     return expr
@@ -197,6 +205,7 @@ class Setup:
     prom: PrometheusServer
     a: BrokerProcess
     b: BrokerProcess
+    c: BrokerProcess
     traffic: Traffic
     families_a: set[str]
 
@@ -211,10 +220,12 @@ def setup():
     dead = free_port()  # nothing listens here: the bridges stay down and reconnect
     a = BrokerProcess(CONFIG_A.format(dead_port=dead)).start()
     b = BrokerProcess(CONFIG_B.format(dead_port=dead)).start()
-    prom = PrometheusServer(binary, [a.addr["metrics"], b.addr["metrics"]], JOB)
+    c = BrokerProcess(CONFIG_C).start()
+    prom = PrometheusServer(binary, [a.addr["metrics"], b.addr["metrics"], c.addr["metrics"]],
+                            JOB)
     try:
         prom.start()
-        prom.wait_scraping(2)
+        prom.wait_scraping(3)
         traffic = Traffic()
 
         async def drive() -> set[str]:
@@ -224,7 +235,7 @@ def setup():
             return {name for name, _ in await scrape(a.addr["metrics"])}
 
         families = trio.run(drive)
-        s = Setup(prom, a, b, traffic, families)
+        s = Setup(prom, a, b, c, traffic, families)
         # Wait until Prometheus has scraped the final state of both brokers.
         inst = s.inst(a)
         got = prom.wait_value(
@@ -239,6 +250,7 @@ def setup():
         prom.cleanup()
         a.stop()
         b.stop()
+        c.stop()
 
 
 @pytest.mark.parametrize(("panel", "expr"), dashboard_expressions(),
@@ -332,4 +344,64 @@ def test_dashboard_variables_resolve(setup):
         assert match, var["query"]
         selector, label = expand(match.group(1)), match.group(2)
         found[var["name"]] = set(setup.prom.api(f"label/{label}/values", **{"match[]": selector}))
-    assert found == {"job": {JOB}, "instance": {setup.inst(setup.a), setup.inst(setup.b)}}
+    assert found == {"job": {JOB}, "instance": {setup.inst(setup.a), setup.inst(setup.b),
+                                                 setup.inst(setup.c)}}
+
+
+def _panel_values(setup, broker: BrokerProcess, panel_part: str) -> dict[str, list[float]]:
+    """Each query of the panels whose title contains ``panel_part``, for one broker."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    out = {}
+    for panel in panels:
+        if panel_part not in panel["title"]:
+            continue
+        for target in panel.get("targets", []):
+            result = setup.prom.query(expand(target["expr"], setup.inst(broker)))
+            out[f"{panel['title']} / {target['refId']}"] = [float(r["value"][1])
+                                                            for r in result]
+    return out
+
+
+def test_bridge_panels_show_a_value_without_bridges(setup):
+    """Broker C has no bridge: the bridge panels show 0 (and "no bridges"), not "no data"."""
+    values = _panel_values(setup, setup.c, "Bridge")
+    assert len(values) == 6, values
+    for name, got in values.items():
+        expected = [-1.0] if name.startswith("Bridge up") else [0.0]
+        assert got == expected, name
+    # With bridges (broker A) the fallback series is absent: only real bridges.
+    up = setup.prom.query(expand(
+        next(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+             if p["title"] == "Bridge up" for t in p["targets"]), setup.inst(setup.a)))
+    bridges = [r["metric"]["bridge"] for r in up]
+    assert len(bridges) == 1 and bridges[0].startswith("hsp-0-127.0.0.1:"), bridges
+
+
+def test_error_and_close_rates_are_zero_not_absent_on_a_quiet_broker(setup):
+    """From the first scrape, closed-by-reason and protocol-error series exist at 0,
+    so rate() over them is 0 and the panels draw a line."""
+    c = f'instance="{setup.inst(setup.c)}"'
+    for metric in ("skan_connections_closed_total", "skan_protocol_errors_total"):
+        rates = setup.prom.query(f"rate({metric}{{{c}}}[1m])")
+        assert rates and all(float(r["value"][1]) == 0 for r in rates), metric
+    for panel, got in _panel_values(setup, setup.c, "Protocol errors").items():
+        assert got and set(got) == {0.0}, panel
+    closed = _panel_values(setup, setup.c, "Connections accepted and closed")
+    assert closed and all(got and set(got) == {0.0} for got in closed.values()), closed
+    reasons = {(r["metric"]["protocol"], r["metric"]["reason"])
+               for r in setup.prom.query(f"skan_protocol_errors_total{{{c}}}")}
+    assert {("skan", "malformed"), ("metrics", "request-timeout")} <= reasons
+
+
+def test_reason_panels_draw_only_reasons_that_happened(setup):
+    """Dozens of reasons exist at 0; the panels draw the non-zero ones, or one
+    "all none" line at 0 when there are none."""
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"]
+                 if p["title"] == "Protocol errors / s")
+    expr = panel["targets"][0]["expr"]
+    seen_a = {(r["metric"]["protocol"], r["metric"]["reason"])
+              for r in setup.prom.query(expand(expr, setup.inst(setup.a)))}
+    assert seen_a == {("skan", "rejected"), ("skan", "malformed")}
+    quiet = setup.prom.query(expand(expr, setup.inst(setup.c)))
+    assert [(r["metric"], float(r["value"][1])) for r in quiet] == [
+        ({"protocol": "all", "reason": "none"}, 0.0)]

@@ -259,7 +259,7 @@ async def test_wrong_or_missing_token_closes(token_broker, token):
     raw = await RawMariner.open(token_broker.addr["mariner"])
     await raw.init(token=token, subscriptions=[["t", "*"]])
     assert await raw.expect_closed() == [
-        {"type": "error", "error": "client_token does not match"}
+        {"type": "error", "error": "not authorised: client_token does not match"}
     ]
     with pytest.raises(MarinerClosed, match="client_token does not match"):
         async with mariner(token_broker, client_token=token) as m:
@@ -471,4 +471,4 @@ async def test_cli_reports_a_refused_token(token_broker):
         capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT,
     )
     assert result.returncode == 1
-    assert b"mariner: server error: client_token does not match" in result.stderr
+    assert b"mariner: server error: not authorised: client_token does not match" in result.stderr

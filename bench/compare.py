@@ -1,0 +1,341 @@
+"""The product against its anchors, in one interleaved run: throughput, latency, memory.
+
+Every target (the Skan broker, Mosquitto, NATS, optionally a second Skan
+broker from another checkout or in pure-Python mode) runs for the whole
+benchmark; each scenario is run on every target in turn, the order rotating
+from round to round, so drift on a shared machine hits all of them.  The
+table reports medians and ratios taken within the same run: on a machine
+whose absolute speed moves by 2x between phases, the ratios are the figures
+that mean something.
+
+Method (identical for every target): raw sockets, 100-byte payloads,
+publishers write large buffers of identical pre-encoded frames, subscribers
+count received bytes and divide by the size of one delivered frame.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from bench.anchors import FrameMaker
+
+PAYLOAD = 100  # bytes of payload per message
+BATCH = 2000  # frames per publisher write
+
+# name -> (groups, publishers per group, subscribers per group)
+SCENARIOS: dict[str, tuple[int, int, int]] = {
+    "1->1": (1, 1, 1),
+    "1->10": (1, 1, 10),
+    "10->1": (1, 10, 1),
+    "100->100": (100, 1, 1),
+}
+# Idle connections opened for the memory figure, in batches of this many
+# (each batch completes its handshakes before the next one connects, so the
+# listen backlog never overflows).
+IDLE_CONNECTIONS = 10_000
+IDLE_BATCH = 500
+
+
+class Client(Protocol):
+    name: str
+    addr: tuple[str, int]
+
+    async def publisher(self, group: str) -> tuple[trio.SocketStream, FrameMaker]: ...
+
+    async def subscriber(self, group: str) -> trio.SocketStream: ...
+
+    def delivered_size(self, group: str, published: bytes) -> int: ...
+
+    def parser(self) -> Callable[[bytes], list[bytes]]: ...
+
+    async def settle(self) -> None: ...
+
+    def idle_handshake(self, i: int) -> tuple[bytes, Callable[[bytes], bool]]: ...
+
+
+@attrs.define
+class Target:
+    name: str
+    client: Client
+    cpu_seconds: Callable[[], float | None]
+    rss: Callable[[], int] | None
+
+
+@attrs.define
+class Rate:
+    deliveries_per_s: float
+    cpu: float | None  # broker CPU, fraction of one core
+
+    @property
+    def per_cpu_second(self) -> float | None:
+        return self.deliveries_per_s / self.cpu if self.cpu else None
+
+
+_unique = iter(range(1, 1 << 62))
+
+
+async def flood(target: Target, groups: int, pubs: int, subs: int, seconds: float,
+                warmup: float = 1.0) -> Rate:
+    """Publishers flood their group; returns deliveries per second over the window."""
+    # A previous case's publishers may have left megabytes in the kernel
+    # that the server is still working through.
+    await target.client.settle()
+    run = next(_unique)
+    names = [f"bench-{run:06d}-{g:03d}" for g in range(groups)]
+    client = target.client
+    sub_streams: list[trio.SocketStream] = []
+    for name in names:
+        sub_streams.extend([await client.subscriber(name) for _ in range(subs)])
+    publishers: list[tuple[trio.SocketStream, bytes]] = []
+    sizes: list[int] = []
+    for name in names:
+        for _ in range(pubs):
+            stream, make = await client.publisher(name)
+            frame = make(b"x" * PAYLOAD, 1)
+            publishers.append((stream, frame * BATCH))
+            sizes.append(client.delivered_size(name, frame))
+    size = statistics.mean(sizes)
+    received = [0]
+    lost: list[str] = []
+
+    async def publish(stream: trio.SocketStream, buf: bytes) -> None:
+        try:
+            while True:
+                await stream.send_all(buf)
+        except trio.BrokenResourceError:
+            lost.append("publisher")
+
+    async def count(stream: trio.SocketStream) -> None:
+        while True:
+            try:
+                data = await stream.receive_some(1 << 20)
+            except trio.BrokenResourceError:
+                data = b""
+            if not data:
+                lost.append("subscriber")
+                return
+            received[0] += len(data)
+
+    async with trio.open_nursery() as nursery:
+        for s in sub_streams:
+            nursery.start_soon(count, s)
+        for stream, buf in publishers:
+            nursery.start_soon(publish, stream, buf)
+        await trio.sleep(warmup)
+        b0, t0, c0 = received[0], time.perf_counter(), target.cpu_seconds()
+        await trio.sleep(seconds)
+        b1, t1, c1 = received[0], time.perf_counter(), target.cpu_seconds()
+        nursery.cancel_scope.cancel()
+    for s in sub_streams:
+        await s.aclose()
+    for s, _ in publishers:
+        await s.aclose()
+    if lost:
+        print(f"  ({target.name}: the server closed {len(lost)} connection(s) during the run)")
+    dt = t1 - t0
+    cpu = (c1 - c0) / dt if c0 is not None and c1 is not None else None
+    return Rate((b1 - b0) / size / dt, cpu)
+
+
+@attrs.define
+class Latency:
+    p50: float  # ms
+    p99: float  # ms
+    samples: int
+    cpu: float | None
+
+
+async def latency(target: Target, rate: int, seconds: float) -> Latency:
+    """``rate`` msgs/s in 1 ms ticks, each carrying its send time; one publisher, one subscriber."""
+    client = target.client
+    await client.settle()
+    group = f"latency-{next(_unique):06d}"
+    sub = await client.subscriber(group)
+    pub, make = await client.publisher(group)
+    parse = client.parser()
+    per_tick = max(1, rate // 1000)
+    samples: list[float] = []
+
+    async def receive() -> None:
+        while True:
+            data = await sub.receive_some(1 << 16)
+            if not data:
+                return
+            now = time.perf_counter_ns()
+            for payload in parse(data):
+                samples.append((now - int(payload[:20])) / 1e6)
+
+    # The generator's own collector pauses would be measured as broker latency.
+    gc.disable()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            c0 = target.cpu_seconds()
+            start = trio.current_time()
+            tick = 0
+            while trio.current_time() - start < seconds:
+                tick += 1
+                ts = str(time.perf_counter_ns()).rjust(20).encode()
+                await pub.send_all(b"".join(
+                    make(ts + b"x" * (PAYLOAD - 20), k) for k in range(per_tick)
+                ))
+                await trio.sleep_until(start + tick / 1000)
+            elapsed = trio.current_time() - start
+            c1 = target.cpu_seconds()
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.enable()
+    await sub.aclose()
+    await pub.aclose()
+    samples.sort()
+    q = statistics.quantiles(samples, n=100)
+    cpu = (c1 - c0) / elapsed if c0 is not None and c1 is not None else None
+    return Latency(q[49], q[98], len(samples), cpu)
+
+
+def idle_memory(target: Target, count: int = IDLE_CONNECTIONS) -> float:
+    """Resident bytes per idle connection: RSS growth with ``count`` connections open."""
+    assert target.rss is not None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1000), hard))
+    time.sleep(0.5)
+    before = target.rss()
+    socks: list[socket.socket] = []
+    try:
+        for first in range(0, count, IDLE_BATCH):
+            batch = []
+            for i in range(first, min(count, first + IDLE_BATCH)):
+                s = socket.create_connection(target.client.addr, timeout=30)
+                hello, done = target.client.idle_handshake(i)
+                s.sendall(hello)
+                batch.append((s, done))
+            for s, done in batch:
+                data = b""
+                while not done(data):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        raise RuntimeError(f"{target.name} closed idle connection {len(socks)}")
+                    data += chunk
+                socks.append(s)
+        time.sleep(1.0)
+        after = target.rss()
+    finally:
+        for s in socks:
+            s.close()
+    return (after - before) / count
+
+
+# --------------------------------------------------------------------------
+# The run and its table
+# --------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _fmt_rate(v: float | None) -> str:
+    return f"{v:,.0f}" if v is not None else "-"
+
+
+async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds: float,
+              rate: int, latency_seconds: float, memory: bool) -> dict[str, Any]:
+    """Run everything interleaved; print progress and the final table; return the medians."""
+    names = [t.name for t in targets]
+    rates: dict[tuple[str, str], list[Rate]] = {}
+    lats: dict[str, list[Latency]] = {}
+    mem: dict[str, float] = {}
+    # Latency first, on brokers that have not routed anything yet: after a
+    # throughput case a Skan broker still writes its routing log for a while
+    # (and its admission gate may hold readers), which would be measured as
+    # latency.  Each later case starts with the target's settle().
+    # Memory after latency (10,000 connections opening and closing are work
+    # too) and before the throughput cases (whose garbage the heap would reuse).
+    phases = [s for s in scenarios if s == "latency"] + ["memory"] * memory \
+        + [s for s in scenarios if s != "latency"]
+    for scenario in phases:
+        if scenario == "memory":
+            for t in targets:
+                if t.rss is not None:
+                    mem[t.name] = idle_memory(t)
+                    print(f"  memory  {t.name:<12} {mem[t.name] / 1024:8.1f} KB per idle "
+                          f"connection ({IDLE_CONNECTIONS:,} connections)", flush=True)
+            continue
+        for r in range(rounds):
+            order = targets[r % len(targets):] + targets[:r % len(targets)]
+            if scenario == "latency":
+                for t in order:
+                    lat = await latency(t, rate, latency_seconds)
+                    lats.setdefault(t.name, []).append(lat)
+                    print(f"  round {r + 1} latency  {t.name:<12} p50 {lat.p50:.3f} ms "
+                          f"p99 {lat.p99:.3f} ms  cpu {lat.cpu or 0:.0%}", flush=True)
+                continue
+            groups, pubs, subs = SCENARIOS[scenario]
+            for t in order:
+                res = await flood(t, groups, pubs, subs, seconds)
+                rates.setdefault((scenario, t.name), []).append(res)
+                print(f"  round {r + 1} {scenario:<8} {t.name:<12} "
+                      f"{res.deliveries_per_s:>12,.0f} deliveries/s  cpu {res.cpu or 0:.0%}",
+                      flush=True)
+    return _table(names, scenarios, rates, lats, mem, rate)
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _table(names: list[str], scenarios: list[str], rates: dict[tuple[str, str], list[Rate]],
+           lats: dict[str, list[Latency]], mem: dict[str, float], rate: int) -> dict[str, Any]:
+    anchors = [a for a in ("mosquitto", "nats") if a in names]
+    products = [n for n in names if n not in anchors]
+    summary: dict[str, Any] = {}
+    head = ["scenario"] + names + [f"{p}/{a}" for p in products for a in anchors]
+    rows = [head]
+    for per_cpu in (False, True):
+        for scenario in scenarios:
+            if scenario == "latency":
+                continue
+            med = {n: _median([x.per_cpu_second if per_cpu else x.deliveries_per_s
+                               for x in rates.get((scenario, n), [])]) for n in names}
+            label = f"{scenario} {'per CPU-s' if per_cpu else 'deliv/s'}"
+            summary[label] = med
+            rows.append([label] + [_fmt_rate(med[n]) for n in names]
+                        + [_ratio(med[p], med[a]) for p in products for a in anchors])
+    if lats:
+        for q in ("p50", "p99"):
+            med = {n: _median([getattr(x, q) for x in lats.get(n, [])]) for n in names}
+            label = f"latency {q} ms @{rate // 1000}k/s"
+            summary[label] = med
+            rows.append([label] + [f"{med[n]:.3f}" if med[n] is not None else "-"
+                                   for n in names]
+                        + [_ratio(med[p], med[a]) for p in products for a in anchors])
+    if mem:
+        label = f"KB per idle conn ({IDLE_CONNECTIONS // 1000}k)"
+        med = {n: mem.get(n) for n in names}
+        summary[label] = med
+        rows.append([label] + [f"{med[n] / 1024:.1f}" if med[n] is not None else "-"
+                               for n in names]
+                    + [_ratio(med[p], med[a]) for p in products for a in anchors])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    print()
+    for i, row in enumerate(rows):
+        print("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                                for j, (c, w) in enumerate(zip(row, widths, strict=True)))
+              + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print("\nRatios are product/anchor within this run (throughput: higher is better; "
+          "latency and memory: lower is better).")
+    return summary

@@ -1,0 +1,148 @@
+"""The pure authentication and permission rules of section 7 (broker/core/auth.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from broker.core.auth import (
+    Authenticator,
+    GroupPatterns,
+    Permissions,
+    Principal,
+    Refusal,
+    User,
+    hash_token,
+)
+from broker.core.router import NORMAL, PROMISC, NotPermitted, Router
+from tests.brokerproc import ROOT
+from tests.security.common import Sink
+
+
+def user(name: str, token: str | None = None, publish=(), subscribe=(), promisc=False,
+         max_connections=None) -> User:
+    digest = None if token is None else hashlib.sha256(token.encode()).digest()
+    return User(name, digest, Permissions(name, publish, subscribe, promisc), max_connections)
+
+
+def test_group_patterns():
+    m = GroupPatterns(["telemetry", "alarms.*"])
+    assert m(b"telemetry") and m(b"alarms.fire") and m(b"alarms.")
+    assert not m(b"telemetry2") and not m(b"alarms") and not m(b"x")
+    assert GroupPatterns(["*"])(b"anything")
+    assert not GroupPatterns([])(b"x")
+    for bad in ["", "a*b", "**"]:
+        with pytest.raises(ValueError):
+            GroupPatterns([bad])
+
+
+def test_hash_token_is_sha256_hex():
+    assert hash_token("s3cret") == hashlib.sha256(b"s3cret").hexdigest()
+
+
+def test_hash_token_command():
+    proc = subprocess.run([sys.executable, "-m", "broker", "hash-token"], input="s3cret\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == hashlib.sha256(b"s3cret").hexdigest()
+
+
+def test_token_lookup_and_refusals():
+    auth = Authenticator([user("a", "ta"), user("b", "tb"), user("cert-only")],
+                         allow_anonymous=False)
+    p = auth.authenticate("skan", b"ta")
+    assert isinstance(p, Principal) and p.name == "a" and p.via == "token"
+    assert auth.authenticate("skan", "tb").name == "b"
+    wrong = auth.authenticate("skan", b"nope")
+    assert isinstance(wrong, Refusal) and wrong.reason.startswith("not authorised: ")
+    anon = auth.authenticate("skan", None)
+    assert isinstance(anon, Refusal) and "anonymous" in anon.reason
+    # A verified certificate whose CN is a user's name authenticates as that user.
+    assert auth.authenticate("skan", None, "cert-only").name == "cert-only"
+    # ... but not an unknown name (then the connection is anonymous: refused here).
+    assert isinstance(auth.authenticate("skan", None, "stranger"), Refusal)
+    # A presented token decides, even with a certificate.
+    assert isinstance(auth.authenticate("skan", b"bad", "cert-only"), Refusal)
+
+
+def test_anonymous_user_permissions():
+    auth = Authenticator([user("guest", None, publish=["pub"], subscribe=["sub"])],
+                         allow_anonymous=True, anonymous_user="guest")
+    p = auth.authenticate("hsp", None)
+    assert isinstance(p, Principal) and p.name is None
+    assert p.perms is not None and p.perms.may_publish(b"pub") and not p.perms.may_publish(b"x")
+    open_auth = Authenticator()
+    assert open_auth.authenticate("skan", None).perms is None  # full rights
+
+
+def test_listener_token_without_users():
+    auth = Authenticator(listener_tokens={"eventer": "s3cret", "mariner": None})
+    assert isinstance(auth.authenticate("eventer", "s3cret"), Principal)
+    assert isinstance(auth.authenticate("eventer", "wrong"), Refusal)
+    assert isinstance(auth.authenticate("eventer", None), Refusal)  # missing does not match
+    # Other listeners are unaffected by the Eventer token.
+    assert isinstance(auth.authenticate("skan", None), Principal)
+    assert isinstance(auth.authenticate("mariner", None), Principal)
+    # Once users exist the shared token no longer applies.
+    with_users = Authenticator([user("u", "tu")], listener_tokens={"eventer": "s3cret"},
+                               allow_anonymous=False)
+    assert isinstance(with_users.authenticate("eventer", "s3cret"), Refusal)
+    assert with_users.authenticate("eventer", "tu").name == "u"
+
+
+def test_max_connections_counted_in_the_router():
+    router = Router(hostname="t")
+    router.auth = Authenticator([user("op", "t", max_connections=2)], allow_anonymous=False)
+    eps = [Sink() for _ in range(3)]
+    for ep in eps:
+        router.attach(ep)
+    assert router.login(eps[0], b"t") is None
+    assert router.login(eps[1], b"t") is None
+    refused = router.login(eps[2], b"t")
+    assert refused is not None and "max_connections" in refused
+    assert router.counters.auth_failures == {"skan": 1}
+    router.detach(eps[0])
+    assert router.login(eps[2], b"t") is None
+
+
+def test_router_refuses_sends_and_subscriptions_outside_permissions():
+    router = Router(hostname="t")
+    router.auth = Authenticator([user("s", "t", publish=["telemetry"], subscribe=["cmd.*"])],
+                                allow_anonymous=False)
+    ep = Sink()
+    router.attach(ep)
+    assert router.login(ep, b"t") is None
+    with pytest.raises(NotPermitted, match="may not subscribe to group 'telemetry'"):
+        router.subscribe(ep, b"telemetry", b"*", NORMAL)
+    with pytest.raises(NotPermitted, match="promisc"):
+        router.subscribe(ep, b"cmd.x", b"*", PROMISC)
+    router.subscribe(ep, b"cmd.x", b"*", NORMAL)
+    with pytest.raises(NotPermitted, match="reaches every group"):
+        router.subscribe_pattern(ep, (b"?", b"x"))
+    with pytest.raises(NotPermitted, match="reaches group 'telemetry'"):
+        router.subscribe_pattern(ep, (b"telemetry", b"*"))
+    router.subscribe_pattern(ep, (b"cmd.y", b"*"))
+    assert router.subscription_count == 2
+    assert router.counters.permission_denied == {"skan:subscribe": 4}
+
+
+def test_reload_keeps_connection_counts_and_applies_new_limits():
+    router = Router(hostname="t")
+    router.auth = Authenticator([user("op", "t")], allow_anonymous=False)
+    eps = [Sink() for _ in range(3)]
+    for ep in eps:
+        router.attach(ep)
+    assert router.login(eps[0], b"t") is None and router.login(eps[1], b"t") is None
+    # The limit drops to 1 while 2 are connected: they stay, the next is refused.
+    assert router.reload_auth(Authenticator([user("op", "t", max_connections=1)],
+                                            allow_anonymous=False)) == []
+    assert "max_connections" in (router.login(eps[2], b"t") or "")
+    router.detach(eps[0])
+    router.detach(eps[1])
+    assert router.login(eps[2], b"t") is None
+    # A changed token revokes the connections that used the old one.
+    assert router.reload_auth(Authenticator([user("op", "new")],
+                                            allow_anonymous=False)) == [eps[2]]
