@@ -287,6 +287,20 @@ def build() -> db.Dashboard:
         graph(39, "Open file descriptors",
               [(sel("process_open_fds"), "{{instance}}"),
                (sel("process_max_fds"), "limit {{instance}}")]),
+
+        row(43, "Security"),
+        graph(44, "Authentication failures / s",
+              [(f"sum by (protocol) ({rate('skan_auth_failures_total')})", "{{protocol}}")],
+              width=12,
+              description="Connections refused for their credentials (wrong token, anonymous "
+                          "where not allowed, a user over max_connections, a required client "
+                          "certificate missing), by protocol."),
+        graph(45, "Permission refusals / s",
+              [(f"sum by (protocol, action) ({rate('skan_permission_denied_total')})",
+                "{{protocol}} {{action}}")],
+              width=12,
+              description="Sends (publish) and subscriptions (subscribe) refused by the "
+                          "user's permissions, by protocol and action."),
     ]
     for panel in panels:
         dash = dash.with_row(panel) if isinstance(panel, db.Row) else dash.with_panel(panel)

@@ -544,13 +544,15 @@ class AcceptErrorLog:
         self._since_log += 1
         now = trio.current_time()
         if self._last_logged is None or now - self._last_logged >= self.interval:
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            if self._last_logged is None:
+                what = f"accept failed ({name}: {exc.strerror})"
+            else:
+                what = (f"accept failed {self._since_log} times in the last "
+                        f"{now - self._last_logged:.0f}s ({name})")
             log.warning(
-                "%s listener: accept failed %d time(s) in the last %.0fs (%s); existing "
-                "connections are still served, new ones wait (this message is repeated "
-                "at most every %.0fs)",
-                self.protocol, self._since_log,
-                self.interval if self._last_logged is not None else 0.0,
-                errno.errorcode.get(exc.errno or 0, str(exc.errno)), self.interval,
+                "%s listener: %s; connections already open are still served, new ones "
+                "wait (said at most every %.0fs)", self.protocol, what, self.interval,
             )
             self._last_logged = now
             self._since_log = 0
