@@ -78,16 +78,23 @@ async def test_subscription_churn_leaves_bystander_fast():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, holder)
             async with bystander(proc.skan) as b:
+                # The bystander alone first: what this machine gives right now.
+                async with b.measure():
+                    await trio.sleep(1.0)
+                await b.settle()
+                quiet = b.figures()
                 async with b.measure():
                     frames = await _churn(proc.skan, 4.0)
                 await b.settle()
                 fig = b.figures()
             nursery.cancel_scope.cancel()
         load = load_factor()
-        print(f"\nchurn: {frames} churn frames; bystander {fig.line()} (load x{load:.1f})")
+        print(f"\nchurn: {frames} churn frames; bystander {fig.line()} (load x{load:.1f}; "
+              f"alone p50={quiet.p50_ms:.2f}ms)")
         _check_log(proc)
         assert fig.lost == 0
-        assert fig.p50_ms <= CHURN_P50_MS * load, fig.line()
+        # The target on top of what the bystander gets alone, scaled by the load.
+        assert fig.p50_ms <= (CHURN_P50_MS + quiet.p50_ms) * load, fig.line()
 
 
 async def test_big_frames_do_not_stall_bystander():
