@@ -4,7 +4,7 @@ Computes, with Spark, over every finished log file:
 
 - totals (messages, bytes, deliveries, undeliverable, groups, senders, time span)
 - top groups by messages and by bytes
-- top senders (lname and protocol)
+- top senders (lname, protocol and user)
 - fan-out distribution (how many copies each message was delivered as)
 - protocol mix (what clients of each protocol sent and received)
 - a per-minute time series
@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -90,10 +91,16 @@ def fanout_buckets(counts: dict[int, int]) -> list[list[Any]]:
     return rows
 
 
-def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report:
-    """Run every aggregation; returns plain Python tables."""
+def _silent(line: str) -> None:
+    pass
+
+
+def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
+            progress: Callable[[str], None] = _silent) -> Report:
+    """Run every aggregation; returns plain Python tables.  ``progress`` hears each step."""
     log = read_log(spark, log_dir).select(
-        "time", "lname", "proto", "group", "size", "recipients", "delivered", "undeliverable"
+        "time", "lname", "proto", "user", "group", "size", "recipients", "delivered",
+        "undeliverable"
     ).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         t = log.agg(
@@ -106,6 +113,7 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report
             F.min("time").alias("first"),
             F.max("time").alias("last"),
         ).collect()[0].asDict()
+        progress(f"report: {t['messages']:,} records read; aggregating")
         totals = {k: (v if v is not None else 0) for k, v in t.items()}
         totals["first"], totals["last"] = t["first"], t["last"]
         tables: dict[str, Table] = {}
@@ -119,8 +127,8 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report
             f"Top {top} groups by bytes", gcols,
             _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
 
-        senders = _traffic(log, "lname", "proto")
-        scols = ["lname", "proto", "messages", "bytes", "deliveries"]
+        senders = _traffic(log, "lname", "proto", "user")
+        scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
         tables["top_senders"] = Table(
             f"Top {top} senders by messages", scols,
             _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))
@@ -166,11 +174,12 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP) -> Report
 
 
 def run(spark: SparkSession, log_dir: str, out_dir: str, *, top: int = DEFAULT_TOP,
-        quiet: bool = False) -> Report:
+        quiet: bool = False, progress: Callable[[str], None] = _silent) -> Report:
     """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
     from analytics import render
 
-    report = compute(spark, log_dir, top)
+    report = compute(spark, log_dir, top, progress)
+    progress(f"report: writing charts and HTML to {out_dir}")
     os.makedirs(out_dir, exist_ok=True)
     report.charts = render.write_charts(report, out_dir)
     report.html = render.write_html(report, os.path.join(out_dir, "report.html"))

@@ -22,6 +22,7 @@ LOG_SCHEMA = StructType([
     StructField("time_us", LongType()),
     StructField("lname", StringType()),
     StructField("proto", StringType()),
+    StructField("user", StringType()),
     StructField("group", StringType()),
     StructField("instance", StringType()),
     StructField("to", StringType()),

@@ -22,6 +22,8 @@ from broker.core.queue import MIN_QUEUE_LIMIT
 from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
 MiB = 1024 * 1024
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -78,6 +80,10 @@ class BrokerSection:
     slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
     # Seconds a graceful stop waits for queued frames to drain to clients.
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
+    # Diagnostics on stderr: level and "text" (one line per record) or "json"
+    # (one JSON object per line, for log shippers).  Flags override both.
+    log_level: str = attrs.field(default="info", validator=_one_of(*LOG_LEVELS))
+    log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
     # Client connections of all listeners together (section 9); past it a new
     # connection gets its protocol's refusal and is closed.  Lowered at start
     # (with a warning) when the descriptor limit cannot hold this many.
@@ -183,12 +189,35 @@ class LogSection:
     # Records buffered between the router and the writer thread before
     # routing applies back-pressure.
     queue_records: int = attrs.field(default=200_000, validator=_positive)
+    # Retention: the oldest complete files are removed once all complete files
+    # together pass max_bytes, or a file is older than max_age seconds (0 = no
+    # limit).  A routing log left alone must not fill the disk; 1 GiB is 16
+    # files at the default rotate_bytes, a week covers a weekly Spark report.
+    max_bytes: int = attrs.field(default=1024 * MiB, validator=_non_negative)
+    max_age: float = attrs.field(default=7 * 24 * 3600.0, validator=_non_negative)
 
 
 @attrs.frozen
 class RetentionSection:
     # Routed messages kept for Eventer queries and Mariner replay (a ring).
     size: int = attrs.field(default=100_000, validator=_non_negative)
+    # Bytes of retained frames (0: no byte bound); oldest evicted first.
+    max_bytes: int = attrs.field(default=256 * MiB, validator=_non_negative)
+    # Seconds a retained message is kept (0: no age bound).
+    max_age: float = attrs.field(default=0.0, validator=_non_negative)
+
+
+@attrs.frozen
+class StoreSection:
+    # The durable store (docs/store.md); off: retention in memory only and
+    # nothing is reported persisted.
+    enabled: bool = True
+    # Directory of the store; empty: "store" beside the routing-log directory.
+    dir: str = ""
+    # Seconds the writer gathers routed messages into one transaction: bounds
+    # what a power loss or SIGKILL can take and how late persisted
+    # notifications come.
+    flush_interval: float = attrs.field(default=0.01, validator=_positive)
 
 
 @attrs.frozen
@@ -295,6 +324,7 @@ class Config:
     metrics: MetricsSection = MetricsSection()
     log: LogSection = LogSection()
     retention: RetentionSection = RetentionSection()
+    store: StoreSection = StoreSection()
     auth: AuthSection = AuthSection()
     bridges: tuple[BridgeSection, ...] = ()
     users: tuple[UserSection, ...] = ()
@@ -310,6 +340,7 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "log": LogSection,
     "retention": RetentionSection,
+    "store": StoreSection,
     "auth": AuthSection,
     "cluster": ClusterSection,
 }
@@ -561,6 +592,8 @@ def override(config: Config, **flags: Any) -> Config:
         "mariner_port": ("mariner", "port"),
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
+        "log_level": ("broker", "log_level"),
+        "log_format": ("broker", "log_format"),
         "cluster": ("cluster", "url"),
         "reuse_port": ("broker", "reuse_port"),
     }
