@@ -71,17 +71,7 @@ def _run(fuzzed, listener: str, chunks: list[bytes]) -> None:
     assert took <= BYSTANDER_SECONDS
 
 
-# An open finding: now and then (seen twice, both on a loaded machine, not
-# reproducible alone) the metrics endpoint logs "metrics connection failed"
-# with a traceback for one of these inputs.  Non-strict until it is fixed.
-OPEN = {"metrics": "metrics endpoint: intermittent 'metrics connection failed' traceback"}
-
-
-@pytest.mark.parametrize("listener", [
-    pytest.param(name, marks=pytest.mark.xfail(reason=OPEN[name], strict=False))
-    if name in OPEN else name
-    for name in sorted(grammar.STREAMS)
-])
+@pytest.mark.parametrize("listener", sorted(grammar.STREAMS))
 def test_listener(fuzzed, listener):
     proc, _ = fuzzed
     before = len(proc.stderr_lines)
