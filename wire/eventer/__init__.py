@@ -2,15 +2,9 @@
 
 from wire.errors import ProtocolError, RemoteProtocolError
 from wire.eventer.messages import (
-    BinaryPayload,
-    Event,
-    EventId,
-    EventType,
     InitReq,
-    JsonPayload,
     Order,
     OrderBy,
-    Payload,
     QueryLatestParams,
     QueryParams,
     QueryResult,
@@ -18,7 +12,6 @@ from wire.eventer.messages import (
     QueryTimeseriesParams,
     RegisterEvent,
     Status,
-    Timestamp,
     encode_event,
 )
 from wire.eventer.protocol import (
@@ -35,6 +28,16 @@ from wire.eventer.protocol import (
     RegisterResult,
     ServerConnection,
     StatusChanged,
+)
+from wire.hat import (
+    BinaryPayload,
+    Event,
+    EventId,
+    EventType,
+    JsonPayload,
+    Payload,
+    SbsPayload,
+    Timestamp,
 )
 
 __all__ = [
@@ -66,6 +69,7 @@ __all__ = [
     "RegisterRequest",
     "RegisterResult",
     "RemoteProtocolError",
+    "SbsPayload",
     "ServerConnection",
     "Status",
     "StatusChanged",

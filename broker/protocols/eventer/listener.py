@@ -25,7 +25,7 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
-from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
+from broker.protocols.eventer.mapping import fast_encode_routed
 from broker.protocols.eventer.query import LatestTable, run_query
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
@@ -236,8 +236,8 @@ class EventerEndpoint(QueuedEndpoint):
                 for ev in req.events:
                     self.seq += 1
                     sends.append(events.send_for_event(
-                        ev.type, payload_from_wire(ev.payload), sender=self.lname,
-                        seq=self.seq, source_timestamp=ts_from_wire(ev.source_timestamp),
+                        ev.type, ev.payload, sender=self.lname,
+                        seq=self.seq, source_timestamp=ev.source_timestamp,
                     ))
             except events.MappingError as exc:
                 failure = str(exc)
