@@ -26,16 +26,8 @@ from typing import Any
 from broker.core.inject import Injected, build_send
 from broker.core.router import Routed
 from broker.core.router import event_type as router_event_type
-from wire.hat import (
-    BinaryPayload,
-    Event,
-    EventId,
-    EventType,
-    JsonPayload,
-    Payload,
-    SbsPayload,
-    Timestamp,
-)
+from wire import hat
+from wire.hat import EventType, Payload
 from wire.skan import Nested, item_bytes
 from wire.skan.jsonvalue import JsonValueError
 from wire.skan.jsonvalue import json_to_skan as _json_to_skan
@@ -110,20 +102,20 @@ def payload_from_routed(routed: Routed) -> Payload:
     ptype = header.get(PAYLOAD_TYPE_TAG)
     if isinstance(msg, bytes):
         if isinstance(ptype, bytes):
-            return BinaryPayload(ptype.decode("utf-8", errors="replace"), msg)
+            return hat.BinaryPayload(ptype.decode("utf-8", errors="replace"), msg)
         try:
-            return JsonPayload(msg.decode("utf-8"))
+            return hat.JsonPayload(msg.decode("utf-8"))
         except UnicodeDecodeError:
-            return BinaryPayload("", msg)
+            return hat.BinaryPayload("", msg)
     if msg is None:
         return None
     value = item_bytes(routed.frame, header, b"msg")
     try:
-        return JsonPayload(_skan_to_json(value))
+        return hat.JsonPayload(_skan_to_json(value))
     except _NotText:
         assert isinstance(msg, Nested)
         start = msg.start - (5 if msg.stop - msg.start > 0xFFFF else 3)
-        return BinaryPayload(SKAN_ITEM_TYPE, _raw_item(routed.frame, msg, start))
+        return hat.BinaryPayload(SKAN_ITEM_TYPE, _raw_item(routed.frame, msg, start))
 
 
 def _raw_item(frame: bytes, nested: Nested, guess: int) -> bytes:
@@ -150,7 +142,7 @@ def json_to_skan(value: Any, path: str = "payload") -> Any:
 # ---- both directions ------------------------------------------------------
 
 
-def format_timestamp(t: Timestamp) -> bytes:
+def format_timestamp(t: hat.Timestamp) -> bytes:
     """Decimal seconds with six decimals, as the ``source-timestamp`` tag holds them."""
     us = t.s * 1_000_000 + t.us
     sign = "-" if us < 0 else ""
@@ -170,14 +162,14 @@ def source_timestamp(header: dict[bytes, Any]) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def event_from_routed(routed: Routed, server_id: int) -> Event:
+def event_from_routed(routed: Routed, server_id: int) -> hat.Event:
     header = routed.header
     source = source_timestamp(header)
-    return Event(
-        id=EventId(server_id, routed.session, routed.instance),
+    return hat.Event(
+        id=hat.EventId(server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
-        timestamp=Timestamp.from_float(routed.timestamp),
-        source_timestamp=None if source is None else Timestamp.from_float(source),
+        timestamp=hat.Timestamp.from_float(routed.timestamp),
+        source_timestamp=None if source is None else hat.Timestamp.from_float(source),
         payload=payload_from_routed(routed),
     )
 
@@ -188,7 +180,7 @@ def send_for_event(
     *,
     sender: bytes,
     seq: int,
-    source_timestamp: Timestamp | None = None,
+    source_timestamp: hat.Timestamp | None = None,
 ) -> Injected:
     """The Skan ``send`` an adapter routes for an incoming event (frame and header).
 
@@ -198,12 +190,12 @@ def send_for_event(
     """
     group, instance = group_instance(tuple(etype))
     tags: dict[bytes, Any] = {}
-    if isinstance(payload, SbsPayload):
+    if isinstance(payload, hat.SbsPayload):
         payload = payload.to_binary()
-    if isinstance(payload, BinaryPayload):
+    if isinstance(payload, hat.BinaryPayload):
         tags[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
         msg: Any = payload.data
-    elif isinstance(payload, JsonPayload):
+    elif isinstance(payload, hat.JsonPayload):
         msg = json_to_skan(payload.data)
     else:
         msg = None

@@ -2,16 +2,24 @@
 
 from wire.errors import ProtocolError, RemoteProtocolError
 from wire.eventer.messages import (
+    BinaryPayload,
+    Event,
+    EventId,
+    EventType,
     InitReq,
+    JsonPayload,
     Order,
     OrderBy,
+    Payload,
     QueryLatestParams,
     QueryParams,
     QueryResult,
     QueryServerParams,
     QueryTimeseriesParams,
     RegisterEvent,
+    SbsPayload,
     Status,
+    Timestamp,
     encode_event,
 )
 from wire.eventer.protocol import (
@@ -28,16 +36,6 @@ from wire.eventer.protocol import (
     RegisterResult,
     ServerConnection,
     StatusChanged,
-)
-from wire.hat import (
-    BinaryPayload,
-    Event,
-    EventId,
-    EventType,
-    JsonPayload,
-    Payload,
-    SbsPayload,
-    Timestamp,
 )
 
 __all__ = [

@@ -7,26 +7,24 @@ from wire.errors import (
     ProtocolError,
     RemoteProtocolError,
 )
-from wire.hat import (
-    BinaryPayload,
-    Event,
-    EventId,
-    EventType,
-    JsonPayload,
-    Payload,
-    SbsPayload,
-    Timestamp,
-)
 from wire.mariner.connection import CLIENT, SERVER, MarinerConnection, Role
 from wire.mariner.framing import MAX_LEN_SIZE, FrameSplitter, encode_frame
 from wire.mariner.messages import (
+    BinaryPayload,
     Error,
+    Event,
+    EventId,
     Events,
+    EventType,
     Init,
+    JsonPayload,
     Message,
+    Payload,
     Ping,
     Pong,
+    SbsPayload,
     SchemaError,
+    Timestamp,
     decode_message,
     encode_event,
     encode_event_fields,
