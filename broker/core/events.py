@@ -27,7 +27,7 @@ from broker.core.inject import Injected, build_send
 from broker.core.router import Routed
 from broker.core.router import event_type as router_event_type
 from wire import hat
-from wire.hat import EventType, Payload
+from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
 from wire.skan import Nested, item_bytes
 from wire.skan.jsonvalue import JsonValueError
 from wire.skan.jsonvalue import json_to_skan as _json_to_skan
@@ -102,20 +102,20 @@ def payload_from_routed(routed: Routed) -> Payload:
     ptype = header.get(PAYLOAD_TYPE_TAG)
     if isinstance(msg, bytes):
         if isinstance(ptype, bytes):
-            return hat.BinaryPayload(ptype.decode("utf-8", errors="replace"), msg)
+            return BinaryPayload(ptype.decode("utf-8", errors="replace"), msg)
         try:
-            return hat.JsonPayload(msg.decode("utf-8"))
+            return JsonPayload(msg.decode("utf-8"))
         except UnicodeDecodeError:
-            return hat.BinaryPayload("", msg)
+            return BinaryPayload("", msg)
     if msg is None:
         return None
     value = item_bytes(routed.frame, header, b"msg")
     try:
-        return hat.JsonPayload(_skan_to_json(value))
+        return JsonPayload(_skan_to_json(value))
     except _NotText:
         assert isinstance(msg, Nested)
         start = msg.start - (5 if msg.stop - msg.start > 0xFFFF else 3)
-        return hat.BinaryPayload(SKAN_ITEM_TYPE, _raw_item(routed.frame, msg, start))
+        return BinaryPayload(SKAN_ITEM_TYPE, _raw_item(routed.frame, msg, start))
 
 
 def _raw_item(frame: bytes, nested: Nested, guess: int) -> bytes:
@@ -142,9 +142,12 @@ def json_to_skan(value: Any, path: str = "payload") -> Any:
 # ---- both directions ------------------------------------------------------
 
 
-def format_timestamp(t: hat.Timestamp) -> bytes:
-    """Decimal seconds with six decimals, as the ``source-timestamp`` tag holds them."""
-    us = t.s * 1_000_000 + t.us
+def format_timestamp(t: hat.Timestamp | float) -> bytes:
+    """Decimal seconds with six decimals, as the ``source-timestamp`` tag holds them.
+
+    ``t`` is a Hat timestamp (exact) or float seconds (rounded to the microsecond).
+    """
+    us = t.s * 1_000_000 + t.us if isinstance(t, hat.Timestamp) else round(t * 1_000_000)
     sign = "-" if us < 0 else ""
     s, frac = divmod(abs(us), 1_000_000)
     return f"{sign}{s}.{frac:06d}".encode()
@@ -180,22 +183,24 @@ def send_for_event(
     *,
     sender: bytes,
     seq: int,
-    source_timestamp: hat.Timestamp | None = None,
+    source_timestamp: hat.Timestamp | float | None = None,
 ) -> Injected:
     """The Skan ``send`` an adapter routes for an incoming event (frame and header).
 
     ``to`` is "*" and ``from`` is the lname of the connection (or bridge)
     the event came in on (see :func:`broker.core.inject.build_send`).  An
     SBS payload (Mariner) is routed as its binary form (:mod:`wire.hat`).
+    ``source_timestamp`` is the event's (a float, in seconds, is accepted for
+    messages the broker makes itself).
     """
     group, instance = group_instance(tuple(etype))
     tags: dict[bytes, Any] = {}
     if isinstance(payload, hat.SbsPayload):
         payload = payload.to_binary()
-    if isinstance(payload, hat.BinaryPayload):
+    if isinstance(payload, BinaryPayload):
         tags[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
         msg: Any = payload.data
-    elif isinstance(payload, hat.JsonPayload):
+    elif isinstance(payload, JsonPayload):
         msg = json_to_skan(payload.data)
     else:
         msg = None
