@@ -12,8 +12,10 @@ BROKER-SPEC section 3:
   as decimal seconds with six decimals ("1700000000.250000"); a message
   without it (or with a value that is not such a number) has none.
 
-Pure: no trio, no protocol encoding (adapters turn :class:`Event` into SBS
-or JSON).
+The event model itself (Event, EventId, Timestamp, payloads) is the one in
+:mod:`wire.hat`, which the Eventer and Mariner codecs encode; this module
+only maps between it and routed Skan messages.  Pure: no trio, no protocol
+encoding.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attrs
-
 from broker.core.inject import Injected, build_send
-from broker.core.router import STAR, Routed
-from wire.hattime import join_timestamp, split_timestamp
+from broker.core.router import Routed
+from broker.core.router import event_type as router_event_type
+from wire import hat
+from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
 from wire.skan import Nested, item_bytes
 from wire.skan.jsonvalue import JsonValueError
 from wire.skan.jsonvalue import json_to_skan as _json_to_skan
@@ -42,52 +44,17 @@ class MappingError(ValueError):
     """An event cannot be expressed as a Skan message (or the reverse)."""
 
 
-@attrs.frozen
-class EventId:
-    server: int
-    session: int
-    instance: int
-
-    def __lt__(self, other: EventId) -> bool:
-        return (self.server, self.session, self.instance) < (
-            other.server, other.session, other.instance,
-        )
-
-
-@attrs.frozen
-class BinaryPayload:
-    type: str
-    data: bytes
-
-
-@attrs.frozen
-class JsonPayload:
-    data: Any
-
-
-Payload = JsonPayload | BinaryPayload | None
-
-
-@attrs.frozen
-class Event:
-    id: EventId
-    type: tuple[str, ...]
-    timestamp: float
-    source_timestamp: float | None
-    payload: Payload
-
-
 # ---- types ----------------------------------------------------------------
 
 
-def event_type(group: bytes, instance: bytes) -> tuple[str, ...]:
-    g = group.decode("utf-8", errors="replace")
-    if instance == STAR:
-        return (g,)
-    return (g, *instance.decode("utf-8", errors="replace").split("/"))
+def event_type(group: bytes, instance: bytes) -> EventType:
+    """The Hat event type of (group, instance): the router's rule, as text."""
+    return tuple(
+        seg.decode("utf-8", errors="replace") for seg in router_event_type(group, instance)
+    )
 
 
-def group_instance(etype: tuple[str, ...] | list[str]) -> tuple[str, str]:
+def group_instance(etype: EventType | list[str]) -> tuple[str, str]:
     """Event type -> (group, instance); ``(G,)`` -> (G, "*")."""
     if not etype or not etype[0]:
         raise MappingError("an event type needs at least a non-empty first segment (the group)")
@@ -96,37 +63,9 @@ def group_instance(etype: tuple[str, ...] | list[str]) -> tuple[str, str]:
     return etype[0], "/".join(etype[1:])
 
 
-def pattern_bytes(pattern: tuple[str, ...] | list[str]) -> tuple[bytes, ...]:
+def pattern_bytes(pattern: EventType | list[str]) -> tuple[bytes, ...]:
     """A Hat event-type pattern as the router's subscription pattern."""
     return tuple(seg.encode() for seg in pattern)
-
-
-# ---- timestamps -------------------------------------------------------------
-
-
-# Hat's (s, us) split of router timestamps; one implementation in wire/.
-timestamp_parts = split_timestamp
-timestamp_from_parts = join_timestamp
-
-
-# ---- SBS payload names ------------------------------------------------------
-
-# Hat 0.8 events may carry an SBS payload (module, type, data).  The broker
-# keeps it as a binary payload whose type name is "sbs:MODULE.TYPE" (or
-# "sbs:TYPE" without a module), so it can be given back as SBS unchanged.
-SBS_PREFIX = "sbs:"
-
-
-def sbs_type_name(module: str | None, type_name: str) -> str:
-    return f"{SBS_PREFIX}{module}.{type_name}" if module else f"{SBS_PREFIX}{type_name}"
-
-
-def parse_sbs_type_name(name: str) -> tuple[str | None, str] | None:
-    """(module, type) of a name made by :func:`sbs_type_name`; None for other names."""
-    if not name.startswith(SBS_PREFIX):
-        return None
-    module, _, type_name = name[len(SBS_PREFIX) :].rpartition(".")
-    return (module or None), type_name
 
 
 # ---- payloads -------------------------------------------------------------
@@ -203,16 +142,19 @@ def json_to_skan(value: Any, path: str = "payload") -> Any:
 # ---- both directions ------------------------------------------------------
 
 
-def format_timestamp(t: float) -> bytes:
-    """Decimal seconds with microsecond precision, as the ``source-timestamp`` tag holds them."""
-    us = round(t * 1_000_000)
+def format_timestamp(t: hat.Timestamp | float) -> bytes:
+    """Decimal seconds with six decimals, as the ``source-timestamp`` tag holds them.
+
+    ``t`` is a Hat timestamp (exact) or float seconds (rounded to the microsecond).
+    """
+    us = t.s * 1_000_000 + t.us if isinstance(t, hat.Timestamp) else round(t * 1_000_000)
     sign = "-" if us < 0 else ""
     s, frac = divmod(abs(us), 1_000_000)
     return f"{sign}{s}.{frac:06d}".encode()
 
 
 def source_timestamp(header: dict[bytes, Any]) -> float | None:
-    """The ``source-timestamp`` tag of a routing header, or None."""
+    """The ``source-timestamp`` tag of a routing header as float seconds, or None."""
     raw = header.get(SOURCE_TIMESTAMP_TAG)
     if type(raw) is not bytes:
         return None
@@ -223,32 +165,38 @@ def source_timestamp(header: dict[bytes, Any]) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def event_from_routed(routed: Routed, server_id: int) -> Event:
+def event_from_routed(routed: Routed, server_id: int) -> hat.Event:
     header = routed.header
-    return Event(
-        id=EventId(server_id, routed.session, routed.instance),
+    source = source_timestamp(header)
+    return hat.Event(
+        id=hat.EventId(server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
-        timestamp=routed.timestamp,
-        source_timestamp=source_timestamp(header),
+        timestamp=hat.Timestamp.from_float(routed.timestamp),
+        source_timestamp=None if source is None else hat.Timestamp.from_float(source),
         payload=payload_from_routed(routed),
     )
 
 
 def send_for_event(
-    etype: tuple[str, ...] | list[str],
+    etype: EventType | list[str],
     payload: Payload,
     *,
     sender: bytes,
     seq: int,
-    source_timestamp: float | None = None,
+    source_timestamp: hat.Timestamp | float | None = None,
 ) -> Injected:
     """The Skan ``send`` an adapter routes for an incoming event (frame and header).
 
     ``to`` is "*" and ``from`` is the lname of the connection (or bridge)
-    the event came in on (see :func:`broker.core.inject.build_send`).
+    the event came in on (see :func:`broker.core.inject.build_send`).  An
+    SBS payload (Mariner) is routed as its binary form (:mod:`wire.hat`).
+    ``source_timestamp`` is the event's (a float, in seconds, is accepted for
+    messages the broker makes itself).
     """
     group, instance = group_instance(tuple(etype))
     tags: dict[bytes, Any] = {}
+    if isinstance(payload, hat.SbsPayload):
+        payload = payload.to_binary()
     if isinstance(payload, BinaryPayload):
         tags[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
         msg: Any = payload.data

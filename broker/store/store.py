@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp, timestamp_parts
+from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
@@ -47,6 +47,7 @@ from broker.store.runs import (
     decode,
     sizes_and_times,
 )
+from wire.hattime import split_timestamp
 from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ Report = tuple[tuple[int, int], bool]
 
 
 def _us(t: float) -> int:
-    s, us = timestamp_parts(t)
+    s, us = split_timestamp(t)
     return s * 1_000_000 + us
 
 

@@ -221,7 +221,7 @@ def test_valid_messages_roundtrip():
         mw.Events((
             mw.Event(mw.EventId(1, 2, 3), ("a",), mw.Timestamp(1, 0)),
             mw.Event(mw.EventId(1, 2, 4), ("a", "b"), mw.Timestamp(1, 999999),
-                     mw.Timestamp(0, 1), mw.BinaryPayload(b"\x00\xff")),
+                     mw.Timestamp(0, 1), mw.BinaryPayload("", b"\x00\xff")),
             mw.Event(mw.EventId(1, 2, 5), ("a", "ü"), mw.Timestamp(1, 2), None,
                      mw.SbsPayload(None, "T", b"\x01")),
             mw.Event(mw.EventId(1, 2, 6), ("a",), mw.Timestamp(1, 2), None,
@@ -328,7 +328,7 @@ def test_server_may_not_send_init():
 @pytest.mark.parametrize(
     "payload",
     [None, mw.JsonPayload({"a": ["ü", 1.5, None]}), mw.JsonPayload("s"),
-     mw.BinaryPayload(b"\x00\xff"), mw.SbsPayload(None, "T", b"\x01"),
+     mw.BinaryPayload("", b"\x00\xff"), mw.SbsPayload(None, "T", b"\x01"),
      mw.SbsPayload("M", "T", b"")],
 )
 @pytest.mark.parametrize("source", [None, mw.Timestamp(3, 4)])

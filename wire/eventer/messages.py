@@ -1,8 +1,11 @@
 """Eventer messages (HatEventer SBS module) as attrs classes, and their SBS values.
 
 Pure: hat-sbs values in and out (dicts, ``(name, value)`` choices,
-``('none', None)``/``('value', x)`` optionals), no I/O.  The classes mirror
-the schema: timestamps are ``(s, us)``, JSON payloads hold the parsed value.
+``('none', None)``/``('value', x)`` optionals), no I/O.  Events, ids,
+timestamps and payloads are the shared Hat event model (:mod:`wire.hat`);
+this module adds the Eventer-only messages (registrations, queries, init)
+and the SBS form of all of them.  Eventer has no SBS payload kind: an
+:class:`~wire.hat.SbsPayload` goes out as its binary form (``"sbs:M.T"``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,17 @@ import attrs
 from wire import boundedjson
 from wire.chatter import sbs
 from wire.errors import LocalProtocolError
-from wire.hattime import split_timestamp
+from wire.hat import (
+    BinaryPayload,
+    Event,
+    EventId,
+    EventType,
+    JsonPayload,
+    Payload,
+    SbsPayload,
+    Timestamp,
+)
 from wire.limits import MAX_PAYLOAD_ITEMS, ItemBudget
-
-EventType = tuple[str, ...]
 
 
 class Status(enum.Enum):
@@ -37,49 +47,6 @@ class Order(enum.Enum):
 class OrderBy(enum.Enum):
     TIMESTAMP = "timestamp"
     SOURCE_TIMESTAMP = "sourceTimestamp"
-
-
-@attrs.frozen(order=True)
-class Timestamp:
-    s: int
-    us: int
-
-    @classmethod
-    def from_float(cls, t: float) -> Timestamp:
-        return cls(*split_timestamp(t))
-
-    def to_float(self) -> float:
-        return self.s + self.us * 1e-6
-
-
-@attrs.frozen(order=True)
-class EventId:
-    server: int
-    session: int
-    instance: int
-
-
-@attrs.frozen
-class BinaryPayload:
-    type: str
-    data: bytes
-
-
-@attrs.frozen
-class JsonPayload:
-    data: Any
-
-
-Payload = BinaryPayload | JsonPayload | None
-
-
-@attrs.frozen
-class Event:
-    id: EventId
-    type: EventType
-    timestamp: Timestamp
-    source_timestamp: Timestamp | None = None
-    payload: Payload = None
 
 
 @attrs.frozen
@@ -183,7 +150,9 @@ def json_text(data: Any) -> str:
         raise LocalProtocolError(f"payload is not JSON-serialisable: {exc}") from None
 
 
-def payload_to_sbs(p: BinaryPayload | JsonPayload) -> tuple[str, Any]:
+def payload_to_sbs(p: BinaryPayload | JsonPayload | SbsPayload) -> tuple[str, Any]:
+    if isinstance(p, SbsPayload):
+        p = p.to_binary()
     if isinstance(p, BinaryPayload):
         return ("binary", {"type": p.type, "data": p.data})
     return ("json", json_text(p.data))

@@ -1,5 +1,9 @@
 """Mariner messages: attrs types, a small explicit schema validator, JSON encoding.
 
+Events, ids, timestamps and payloads are the shared Hat event model
+(:mod:`wire.hat`); a binary payload's type name does not travel on Mariner
+(decoded as ``""``, dropped when encoding).
+
 The schema is ``hat-event://mariner.yaml#`` (specs/mariner.txt): ping, pong,
 init and events.  :func:`decode_message` turns one message body (UTF-8 JSON)
 into a typed message or raises :class:`SchemaError` naming the field and
@@ -23,53 +27,21 @@ import attrs
 
 from wire import boundedjson
 from wire.errors import MalformedError
+from wire.hat import (
+    BinaryPayload,
+    Event,
+    EventId,
+    EventType,
+    JsonPayload,
+    Payload,
+    SbsPayload,
+    Timestamp,
+)
 from wire.limits import ENVELOPE_DEPTH, MAX_DEPTH, MAX_ITEMS, MAX_PAYLOAD_ITEMS, ItemBudget
 
 # A message body that is not a valid Mariner message; the reason says why
 # (one class, see wire.errors).
 SchemaError = MalformedError
-
-
-@attrs.frozen(order=True)
-class EventId:
-    server: int
-    session: int
-    instance: int
-
-
-@attrs.frozen
-class Timestamp:
-    s: int
-    us: int
-
-
-@attrs.frozen
-class BinaryPayload:
-    data: bytes
-
-
-@attrs.frozen
-class JsonPayload:
-    data: Any
-
-
-@attrs.frozen
-class SbsPayload:
-    module: str | None
-    type: str
-    data: bytes
-
-
-Payload = BinaryPayload | JsonPayload | SbsPayload | None
-
-
-@attrs.frozen
-class Event:
-    id: EventId
-    type: tuple[str, ...]
-    timestamp: Timestamp
-    source_timestamp: Timestamp | None = None
-    payload: Payload = None
 
 
 @attrs.frozen
@@ -87,7 +59,7 @@ class Init:
     client_id: str
     client_token: str | None = None
     last_event_id: EventId | None = None
-    subscriptions: tuple[tuple[str, ...], ...] = ()
+    subscriptions: tuple[EventType, ...] = ()
 
 
 @attrs.frozen
@@ -177,7 +149,7 @@ def decode_event_id(value: Any, path: str) -> EventId:
     )
 
 
-def decode_event_type(value: Any, path: str) -> tuple[str, ...]:
+def decode_event_type(value: Any, path: str) -> EventType:
     return tuple(_string(seg, f"{path}[{i}]") for i, seg in enumerate(_array(value, path)))
 
 
@@ -202,7 +174,8 @@ def decode_payload(value: Any, path: str) -> Payload:
         boundedjson.check_value(data, MAX_PAYLOAD_ITEMS, MAX_DEPTH, f"{path}.data")
         return JsonPayload(data)
     if ptype == "binary":
-        return BinaryPayload(_base64(data, f"{path}.data"))
+        # Mariner binary payloads carry no type name.
+        return BinaryPayload("", _base64(data, f"{path}.data"))
     if ptype == "sbs":
         sbs = _object(data, f"{path}.data")
         module = _field(sbs, "module", f"{path}.data", " (null is allowed)")
@@ -378,7 +351,7 @@ def encode_event_fields(
     )
 
 
-def encode_event_type(etype: tuple[str, ...]) -> str:
+def encode_event_type(etype: EventType) -> str:
     """An event type as JSON text (for :func:`encode_event_fields`)."""
     return _dumps(list(etype))
 

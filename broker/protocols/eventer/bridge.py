@@ -39,12 +39,6 @@ import trio
 from broker.core import events
 from broker.core.reasons import Protocol
 from broker.core.router import Routed
-from broker.protocols.eventer.mapping import (
-    payload_from_wire,
-    payload_to_wire,
-    ts_from_wire,
-    ts_to_wire,
-)
 from broker.runtime.bridge import (
     BridgeStatus,
     BufferedBridgeEndpoint,
@@ -73,8 +67,7 @@ INBOX = 1024
 
 def register_event(routed: Routed, server_id: int) -> w.RegisterEvent:
     ev = events.event_from_routed(routed, server_id)
-    return w.RegisterEvent(ev.type, ts_to_wire(ev.source_timestamp),
-                           payload_to_wire(ev.payload))
+    return w.RegisterEvent(ev.type, ev.source_timestamp, ev.payload)
 
 
 def _collapse(group: BaseExceptionGroup) -> BaseException:
@@ -122,8 +115,8 @@ class EventerBridge:
                 continue
             try:
                 message = events.send_for_event(
-                    ev.type, payload_from_wire(ev.payload), sender=self.ep.lname,
-                    seq=next(self._seq), source_timestamp=ts_from_wire(ev.source_timestamp),
+                    ev.type, ev.payload, sender=self.ep.lname,
+                    seq=next(self._seq), source_timestamp=ev.source_timestamp,
                 )
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)

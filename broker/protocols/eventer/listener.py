@@ -26,7 +26,7 @@ from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
 from broker.core.session import InputSlices
-from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
+from broker.protocols.eventer.mapping import fast_encode_routed
 from broker.protocols.eventer.query import (
     Answer,
     LatestTable,
@@ -308,8 +308,8 @@ class EventerEndpoint(QueuedEndpoint):
                 for ev in req.events:
                     self.seq += 1
                     sends.append(events.send_for_event(
-                        ev.type, payload_from_wire(ev.payload), sender=self.lname,
-                        seq=self.seq, source_timestamp=ts_from_wire(ev.source_timestamp),
+                        ev.type, ev.payload, sender=self.lname,
+                        seq=self.seq, source_timestamp=ev.source_timestamp,
                     ))
             except events.MappingError as exc:
                 failure = str(exc)

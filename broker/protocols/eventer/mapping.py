@@ -1,9 +1,9 @@
-"""Between the broker's event model (broker/core/events.py) and the Eventer wire model.
+"""Eventer's own part of the event mapping: routed messages as HatEventer.Event bytes.
 
-broker/core/events.py owns the Skan<->event mapping (types, payloads, EventIds);
-this module only changes representation: float seconds <-> ``(s, us)``
-timestamps and the payload classes.  Shared by the Eventer listener, the
-Eventer bridge and queries.
+broker/core/events.py maps a routed message to the shared Hat event
+(wire/hat.py) and the Eventer codec (wire/eventer) encodes it; this module
+adds only the notify hot path, which goes from a routed message straight to
+the same bytes.  Shared by the Eventer listener and queries.
 """
 
 from __future__ import annotations
@@ -17,43 +17,9 @@ from wire.chatter.sbs import encode_integer
 from wire.hattime import split_timestamp
 
 
-def payload_to_wire(p: events.Payload) -> w.Payload:
-    if isinstance(p, events.BinaryPayload):
-        return w.BinaryPayload(p.type, p.data)
-    if isinstance(p, events.JsonPayload):
-        return w.JsonPayload(p.data)
-    return None
-
-
-def payload_from_wire(p: w.Payload) -> events.Payload:
-    if isinstance(p, w.BinaryPayload):
-        return events.BinaryPayload(p.type, p.data)
-    if isinstance(p, w.JsonPayload):
-        return events.JsonPayload(p.data)
-    return None
-
-
-def ts_from_wire(t: w.Timestamp | None) -> float | None:
-    return None if t is None else t.to_float()
-
-
-def ts_to_wire(t: float | None) -> w.Timestamp | None:
-    return None if t is None else w.Timestamp.from_float(t)
-
-
-def event_to_wire(e: events.Event) -> w.Event:
-    return w.Event(
-        id=w.EventId(e.id.server, e.id.session, e.id.instance),
-        type=e.type,
-        timestamp=w.Timestamp.from_float(e.timestamp),
-        source_timestamp=ts_to_wire(e.source_timestamp),
-        payload=payload_to_wire(e.payload),
-    )
-
-
 def encode_routed(routed: Routed, server_id: int) -> bytes:
-    """The ``HatEventer.Event`` encoding of one routed message."""
-    return w.encode_event(event_to_wire(events.event_from_routed(routed, server_id)))
+    """The ``HatEventer.Event`` encoding of one routed message (the reference path)."""
+    return w.encode_event(events.event_from_routed(routed, server_id))
 
 
 # ---- the hot path: a routed message straight to its HatEventer.Event bytes ----------

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import logging
 
-from broker.core.events import MappingError, send_for_event, timestamp_from_parts
+from broker.core.events import MappingError, send_for_event
 from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.router import Endpoint, Routed, Router
-from broker.protocols.mariner.mapping import payload_from_mariner
 from broker.runtime.bridge import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
@@ -100,13 +99,9 @@ class MarinerBridge:
         self.last_event_id = event.id
         self._seq += 1
         try:
-            source = event.source_timestamp
             message = send_for_event(
-                event.type, payload_from_mariner(event.payload), sender=self.ep.lname,
-                seq=self._seq,
-                source_timestamp=(
-                    None if source is None else timestamp_from_parts(source.s, source.us)
-                ),
+                event.type, event.payload, sender=self.ep.lname, seq=self._seq,
+                source_timestamp=event.source_timestamp,
             )
         except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))

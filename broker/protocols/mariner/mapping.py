@@ -1,13 +1,11 @@
-"""Mariner's JSON form of the shared event mapping (broker/core/events.py), both directions.
+"""Mariner's own part of the event mapping: routed messages as Mariner event JSON text.
 
-broker/core/events.py decides what a routed message is as a Hat event; this
-module only moves between its :class:`broker.core.events.Event` and the Mariner
-wire types:
-- timestamps: router float seconds <-> ``{"s", "us"}``;
-- payloads: json inline; binary base64 (Mariner 0.8 binary payloads have no
-  type name, so the ``payload-type`` name is not carried, except that a name
-  "sbs:MODULE.TYPE" goes out as Mariner's SBS payload and an incoming SBS
-  payload comes in under that name).
+broker/core/events.py decides what a routed message is as a Hat event (the
+shared model in wire/hat.py) and wire/mariner encodes that model; this
+module is the delivery hot path between them, plus the one Mariner-only
+rule: a binary payload named "sbs:MODULE.TYPE" goes out as Mariner's SBS
+payload (:func:`wire.hat.sbs_payload`).  Mariner 0.8 binary payloads have
+no type name, so any other name is not carried.
 """
 
 from __future__ import annotations
@@ -15,32 +13,15 @@ from __future__ import annotations
 from broker.core import events as ev
 from broker.core.router import Routed
 from wire import mariner as mw
+from wire.hat import BinaryPayload, Payload, Timestamp, sbs_payload
+from wire.hattime import split_timestamp
 
 
-def mariner_timestamp(t: float) -> mw.Timestamp:
-    return mw.Timestamp(*ev.timestamp_parts(t))
-
-
-def mariner_payload(payload: ev.Payload) -> mw.Payload:
-    if payload is None:
-        return None
-    if isinstance(payload, ev.JsonPayload):
-        return mw.JsonPayload(payload.data)
-    sbs = ev.parse_sbs_type_name(payload.type)
-    if sbs is not None:
-        return mw.SbsPayload(sbs[0], sbs[1], payload.data)
-    return mw.BinaryPayload(payload.data)
-
-
-def payload_from_mariner(payload: mw.Payload) -> ev.Payload:
-    if payload is None:
-        return None
-    if isinstance(payload, mw.JsonPayload):
-        return ev.JsonPayload(payload.data)
-    if isinstance(payload, mw.SbsPayload):
-        return ev.BinaryPayload(ev.sbs_type_name(payload.module, payload.type), payload.data)
-    # No type name on the Mariner side: an empty payload-type tag still says "binary".
-    return ev.BinaryPayload("", payload.data)
+def mariner_payload(payload: Payload) -> Payload:
+    """A payload as Mariner sends it (a binary SBS name becomes the SBS kind)."""
+    if type(payload) is BinaryPayload:
+        return sbs_payload(payload) or payload
+    return payload
 
 
 class EncodedEvents:
@@ -49,7 +30,9 @@ class EncodedEvents:
     The router hands the same :class:`Routed` to every recipient in turn, so
     remembering the last one makes a message reaching many Mariner clients
     cost one encoding.  Event types are few and repeat, so their JSON text is
-    cached too (bounded).
+    cached too (bounded), keyed by the routed (group, instance).  The text is
+    built from the parts of :func:`broker.core.events.event_from_routed`
+    without the intermediate event object.
     """
 
     __slots__ = ("_last", "_text", "_types", "server_id")
@@ -61,22 +44,23 @@ class EncodedEvents:
         self.server_id = server_id
         self._last: Routed | None = None
         self._text = ""
-        self._types: dict[tuple[str, ...], str] = {}
+        self._types: dict[tuple[bytes, bytes], str] = {}
 
     def __call__(self, routed: Routed) -> str:
         if routed is not self._last:
-            event = ev.event_from_routed(routed, self.server_id)
-            type_json = self._types.get(event.type)
+            header = routed.header
+            key = (header[b"group"], header[b"instance"])
+            type_json = self._types.get(key)
             if type_json is None:
                 if len(self._types) >= self.TYPE_CACHE:
                     self._types.clear()
-                type_json = self._types[event.type] = mw.encode_event_type(event.type)
-            s, us = ev.timestamp_parts(event.timestamp)
+                type_json = self._types[key] = mw.encode_event_type(ev.event_type(*key))
+            s, us = split_timestamp(routed.timestamp)
+            source = ev.source_timestamp(header)
             self._text = mw.encode_event_fields(
-                event.id.server, event.id.session, event.id.instance, type_json, s, us,
-                None if event.source_timestamp is None
-                else mariner_timestamp(event.source_timestamp),
-                mariner_payload(event.payload),
+                self.server_id, routed.session, routed.instance, type_json, s, us,
+                None if source is None else Timestamp.from_float(source),
+                mariner_payload(ev.payload_from_routed(routed)),
             )
             self._last = routed
         return self._text

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from broker.core.events import event_from_routed
 from broker.core.router import Routed
-from broker.protocols.eventer.mapping import encode_routed, event_to_wire, fast_encode_routed
+from broker.protocols.eventer.mapping import encode_routed, fast_encode_routed
 from wire.chatter import sbs
 from wire.eventer import messages as m
 from wire.skan import decode_header, encode_frame
@@ -37,4 +37,4 @@ def test_fast_encoder_equals_reference(group, instance, msg, extra, session, ins
     assert fast == encode_routed(routed, server)
     # and it is a valid HatEventer.Event carrying the mapped event
     decoded = m.event_from_sbs(sbs.decode("HatEventer.Event", fast))
-    assert decoded == event_to_wire(event_from_routed(routed, server))
+    assert decoded == event_from_routed(routed, server)

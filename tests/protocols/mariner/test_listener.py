@@ -76,8 +76,8 @@ async def test_skan_sends_arrive_as_events(broker):
         mw.JsonPayload({"value": "42", "list": ["a", None]}),
         mw.JsonPayload("text"),
         None,
-        mw.BinaryPayload(b"\xff\x00binary"),
-        mw.BinaryPayload(b"\x89PNG"),  # Mariner binary payloads carry no type name
+        mw.BinaryPayload("", b"\xff\x00binary"),
+        mw.BinaryPayload("", b"\x89PNG"),  # Mariner binary payloads carry no type name
         mw.SbsPayload("Mod", "T", b"\x01\x02"),
     ]
     ids = [e.id for e in events]
