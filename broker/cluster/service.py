@@ -17,6 +17,7 @@ import json
 import logging
 import secrets
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -70,6 +71,31 @@ class ClusterLink:
 
     backplane: Backplane
     status: ClusterStatus
+    # Seconds between heartbeats ([cluster] heartbeat): a broker counts as
+    # seen while its last heartbeat is younger than three of them.
+    heartbeat: float = 1.0
+
+    def brokers(self) -> list[int]:
+        """Server ids of the brokers seen, this one included."""
+        return self.status.brokers_seen(trio.current_time(), self.heartbeat)
+
+    def stats(self) -> dict[str, Any]:
+        """The ``cluster`` HASH of the Skan ``stats`` reply."""
+        bp, status = self.backplane, self.status
+        brokers = self.brokers()
+        return {
+            "server_id": status.server_id,
+            "up": int(status.up),
+            "url": status.url,
+            "connects": status.connects,
+            "brokers_seen": len(brokers),
+            "brokers": [b"%d" % b for b in brokers],
+            "backplane_out": bp.sent,
+            "backplane_in": bp.received,
+            "backplane_drops": bp.drops,
+            "duplicates": bp.duplicates,
+            "malformed": bp.malformed,
+        }
 
 
 class _Link:
@@ -139,7 +165,8 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     status = ClusterStatus(server_id)
     backplane = Backplane(ctx.router, server_id)
     queue = OutQueue(cfg.queue_limit)
-    ctx.cluster = ClusterLink(backplane, status)
+    ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat)
+    ctx.router.stats_sections["cluster"] = ctx.cluster.stats
 
     def forward(data: bytes) -> bool:
         return status.up and queue.push(data)

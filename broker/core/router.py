@@ -277,6 +277,9 @@ class Router:
         self.latency: Any = None
         # Users and credentials (section 7); replaced on reload (reload_auth).
         self.auth = Authenticator()
+        # Extra sections of the ``stats`` reply, by name (e.g. "cluster"): each
+        # returns a small dict when asked, so ``stats`` walks nothing for them.
+        self.stats_sections: dict[str, Callable[[], dict[str, Any]]] = {}
 
     # ---- authentication and permissions (section 7) ----------------------
     #
@@ -695,4 +698,4 @@ class Router:
             "protocol_errors": c.protocol_errors,
             "groups": self.group_count,
             "subscriptions": self.subscription_count,
-        }
+        } | {name: section() for name, section in self.stats_sections.items()}
