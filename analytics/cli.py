@@ -1,6 +1,7 @@
 """skan-analytics: the stream and report jobs over a routing-log directory.
 
     skan-analytics report --log-dir var/routing-log --out report/
+    skan-analytics report --log-dir broker1/log --log-dir broker2/log --out report/
     skan-analytics stream --log-dir var/routing-log --checkpoint ckpt/ --output traffic/ --once
     spark-submit --master spark://host:7077 analytics/cli.py report --log-dir ...
 
@@ -41,8 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="skan-analytics", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-dir", required=True,
-                        help="routing-log directory (any path Spark reads: file, hdfs://, s3a://)")
+    common.add_argument("--log-dir", required=True, action="append",
+                        help="routing-log directory (any path Spark reads: file, hdfs://, "
+                        "s3a://; a glob such as 'logs/w*'); repeat it for the brokers of a "
+                        "cluster: each message counts once")
     common.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
     common.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting, repeatable")

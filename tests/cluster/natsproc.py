@@ -114,7 +114,8 @@ def _routes(node: NatsNode) -> int:
 
 
 def cluster_broker(server_id: int, *urls: str, extra: str = "",
-                   args: tuple[str, ...] = ()) -> BrokerProcess:
+                   args: tuple[str, ...] = (), workdir: pathlib.Path | None = None
+                   ) -> BrokerProcess:
     """A broker with ``server_id`` on the NATS ``urls``, quick to reconnect and to start.
 
     ``extra`` is TOML placed right after ``[broker] server_id``: more
@@ -124,5 +125,5 @@ def cluster_broker(server_id: int, *urls: str, extra: str = "",
     return BrokerProcess(
         f"[broker]\nserver_id = {server_id}\n{extra}[cluster]\nurl = [{url}]\n"
         "backoff_initial = 0.05\nbackoff_max = 0.5\nid_probe_timeout = 0.3\n"
-        "heartbeat = 0.2\n", args=args,
+        "heartbeat = 0.2\n", args=args, workdir=workdir,
     )
