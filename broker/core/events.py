@@ -246,7 +246,8 @@ def source_timestamp(header: dict[bytes, Any]) -> float | None:
 def event_from_routed(routed: Routed, server_id: int) -> Event:
     header = routed.header
     return Event(
-        id=EventId(server_id, routed.session, routed.instance),
+        # A message from the cluster backplane keeps its origin's EventId.
+        id=EventId(routed.server or server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
         timestamp=routed.timestamp,
         source_timestamp=source_timestamp(header),

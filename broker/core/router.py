@@ -264,6 +264,10 @@ class Router:
         self.congested: list[Endpoint] = []
         # Called with every Routed message, delivered or not (retention, log).
         self.observers: list[Callable[[Routed], None]] = []
+        # Called after ``observers`` with messages that entered this broker
+        # (not with those a cluster backplane brought in): what a broker of a
+        # cluster keeps for Eventer queries and Mariner replay (BROKER-SPEC 8).
+        self.local_observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
         # Called with (group, True/False) when a group gains its first or
@@ -642,6 +646,9 @@ class Router:
             gs[1] += delivered
         for observer in self.observers:
             observer(routed)
+        if origin is None:
+            for observer in self.local_observers:
+                observer(routed)
         return routed
 
     def end_batch(self) -> None:
