@@ -93,11 +93,47 @@ def _barh(path: str, table: Table, label: str, value: str, title: str, xlabel: s
     li, vi = table.columns.index(label), table.columns.index(value)
     rows = list(reversed(table.rows))  # biggest on top
     fig, ax = _figure(max(2.4, 0.6 + 0.32 * len(rows)))
-    ax.barh([_short(r[li]) for r in rows], [r[vi] for r in rows], color="#3b73b9")
+    bars = ax.barh([_short(r[li]) for r in rows], [r[vi] for r in rows], color="#3b73b9")
+    _label(ax, bars, horizontal=True)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.xaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
     fig.savefig(path)
+
+
+def _number(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, int | float) else str(value)
+
+
+def _label(ax: Any, bars: Any, horizontal: bool = False) -> None:
+    """Write each bar's value at its end, so a small bar beside a big one still reads."""
+    ax.bar_label(bars, labels=[_number(v) for v in bars.datavalues], padding=3, fontsize=8)
+    # Room for the label past the longest bar.
+    if horizontal:
+        ax.margins(x=0.15)
+    else:
+        ax.margins(y=0.15)
+
+
+def sender_label(lname: str, proto: str, user: str | None = None) -> str:
+    """``proto  user  lname`` with the lname shortened, never the protocol or the user."""
+    who = f"{user}  " if user else ""
+    return f"{proto}  {who}{_short(lname)}"
+
+
+def minute_series(rows: list[list[Any]]) -> list[list[Any]]:
+    """Per-minute rows with every minute between the first and last, absent ones as zero."""
+    if not rows:
+        return []
+    by_minute = {r[0]: r for r in rows}
+    width = len(rows[0])
+    out = []
+    minute = rows[0][0]
+    last = rows[-1][0]
+    while minute <= last:
+        out.append(by_minute.get(minute, [minute] + [0] * (width - 1)))
+        minute += dt.timedelta(minutes=1)
+    return out
 
 
 def write_charts(report: Report, out_dir: str) -> dict[str, str]:
@@ -119,7 +155,7 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
     senders = tables["top_senders"]
     if senders.rows:
         labelled = Table(senders.title, ["sender", "messages"],
-                         [[f"{r[0]} ({r[1]})", r[2]] for r in senders.rows])
+                         [[sender_label(r[0], r[1], r[2]), r[3]] for r in senders.rows])
         _barh(target("top_senders"), labelled, "sender", "messages",
               "Top senders by messages", "messages")
     if tables["undeliverable"].rows:
@@ -128,7 +164,8 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
     fan = tables["fanout"]
     if any(r[1] for r in fan.rows):
         fig, ax = _figure()
-        ax.bar([r[0] for r in fan.rows], [r[1] for r in fan.rows], color="#5a9e4b")
+        bars = ax.bar([r[0] for r in fan.rows], [r[1] for r in fan.rows], color="#5a9e4b")
+        _label(ax, bars)
         ax.set_title("Fan-out distribution")
         ax.set_xlabel("copies delivered per message")
         ax.set_ylabel("messages")
@@ -138,9 +175,13 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
     if mix.rows:
         fig, ax = _figure()
         xs = range(len(mix.rows))
-        ax.bar([x - 0.2 for x in xs], [r[1] for r in mix.rows], width=0.4, label="messages sent")
-        ax.bar([x + 0.2 for x in xs], [r[4] for r in mix.rows], width=0.4,
-               label="copies delivered")
+        for bars in (
+            ax.bar([x - 0.2 for x in xs], [r[1] for r in mix.rows], width=0.4,
+                   label="messages sent"),
+            ax.bar([x + 0.2 for x in xs], [r[4] for r in mix.rows], width=0.4,
+                   label="copies delivered"),
+        ):
+            _label(ax, bars)
         ax.set_xticks(list(xs), [r[0] for r in mix.rows])
         ax.set_title("Protocol mix")
         ax.yaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))
@@ -149,10 +190,12 @@ def write_charts(report: Report, out_dir: str) -> dict[str, str]:
     series = tables["per_minute"]
     if series.rows:
         fig, ax = _figure()
-        minutes = [r[0] for r in series.rows]
-        ax.plot(minutes, [r[1] for r in series.rows], marker=".", label="messages")
-        ax.plot(minutes, [r[3] for r in series.rows], marker=".", label="deliveries")
-        ax.plot(minutes, [r[4] for r in series.rows], marker=".", label="undeliverable")
+        filled = minute_series(series.rows)
+        minutes = [r[0] for r in filled]
+        ax.plot(minutes, [r[1] for r in filled], marker=".", label="messages")
+        ax.plot(minutes, [r[3] for r in filled], marker=".", label="deliveries")
+        ax.plot(minutes, [r[4] for r in filled], marker=".", label="undeliverable")
+        ax.set_ylim(bottom=0)
         ax.set_title("Traffic per minute (UTC)")
         ax.set_ylabel("per minute")
         ax.yaxis.set_major_formatter(StrMethodFormatter(THOUSANDS))

@@ -4,7 +4,7 @@ Computes, with Spark, over every finished log file:
 
 - totals (messages, bytes, deliveries, undeliverable, groups, senders, time span)
 - top groups by messages and by bytes
-- top senders (lname and protocol)
+- top senders (lname, protocol and user)
 - fan-out distribution (how many copies each message was delivered as)
 - protocol mix (what clients of each protocol sent and received)
 - a per-minute time series
@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -97,15 +98,20 @@ def fanout_buckets(counts: dict[int, int]) -> list[list[Any]]:
     return rows
 
 
-def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TOP) -> Report:
-    """Run every aggregation; returns plain Python tables.
+def _silent(line: str) -> None:
+    pass
+
+
+def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TOP,
+            progress: Callable[[str], None] = _silent) -> Report:
+    """Run every aggregation; returns plain Python tables.  ``progress`` hears each step.
 
     Several log directories (a cluster's brokers): each message counts once,
     deliveries add up over the brokers (see analytics.schema.cluster_wide).
     """
     log = cluster_wide(read_log(spark, log_dir)).select(
-        "time", "lname", "proto", "group", "size", "recipients", "delivered", "undeliverable",
-        "copies",
+        "time", "lname", "proto", "user", "group", "size", "recipients", "delivered",
+        "undeliverable", "copies",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         t = log.agg(
@@ -118,6 +124,7 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
             F.min("time").alias("first"),
             F.max("time").alias("last"),
         ).collect()[0].asDict()
+        progress(f"report: {t['messages']:,} records read; aggregating")
         totals = {k: (v if v is not None else 0) for k, v in t.items()}
         totals["first"], totals["last"] = t["first"], t["last"]
         tables: dict[str, Table] = {}
@@ -131,8 +138,8 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
             f"Top {top} groups by bytes", gcols,
             _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
 
-        senders = _traffic(log.where(is_message() == 1), "lname", "proto")
-        scols = ["lname", "proto", "messages", "bytes", "deliveries"]
+        senders = _traffic(log.where(is_message() == 1), "lname", "proto", "user")
+        scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
         tables["top_senders"] = Table(
             f"Top {top} senders by messages", scols,
             _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))
@@ -179,12 +186,14 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
     return Report(log_dir=shown, totals=totals, tables=tables)
 
 
-def run(spark: SparkSession, log_dir: str | list[str], out_dir: str, *, top: int = DEFAULT_TOP,
-        quiet: bool = False) -> Report:
+def run(spark: SparkSession, log_dir: str | list[str], out_dir: str, *,
+        top: int = DEFAULT_TOP, quiet: bool = False,
+        progress: Callable[[str], None] = _silent) -> Report:
     """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
     from analytics import render
 
-    report = compute(spark, log_dir, top)
+    report = compute(spark, log_dir, top, progress)
+    progress(f"report: writing charts and HTML to {out_dir}")
     os.makedirs(out_dir, exist_ok=True)
     report.charts = render.write_charts(report, out_dir)
     report.html = render.write_html(report, os.path.join(out_dir, "report.html"))

@@ -23,6 +23,7 @@ LOG_SCHEMA = StructType([
     StructField("server", LongType()),
     StructField("lname", StringType()),
     StructField("proto", StringType()),
+    StructField("user", StringType()),
     StructField("group", StringType()),
     StructField("instance", StringType()),
     StructField("to", StringType()),

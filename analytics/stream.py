@@ -24,10 +24,13 @@ for later traffic (or the next run) before they are written.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
+import attrs
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from analytics.schema import (
     is_message,
@@ -126,8 +129,43 @@ def start(
     return queries
 
 
+@attrs.define
+class StreamTotals:
+    """Micro-batches completed and input rows read, over both queries."""
+
+    batches: int = 0
+    rows: int = 0
+
+
+def add_progress_listener(spark: SparkSession, report: Callable[[str], None]) -> StreamTotals:
+    """Report each micro-batch of this job's queries through ``report`` (one line each)."""
+    totals = StreamTotals()
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            report(f"stream: query {event.name} started")
+
+        def onQueryProgress(self, event: Any) -> None:
+            p = event.progress
+            totals.batches += 1
+            totals.rows += p.numInputRows
+            rate = p.processedRowsPerSecond
+            report(f"stream: {p.name} batch {p.batchId}: {p.numInputRows:,} row(s)"
+                   + (f", {rate:,.0f} rows/s" if rate else ""))
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if event.exception:
+                report(f"stream: query {event.id} failed: {event.exception.splitlines()[0]}")
+
+    spark.streams.addListener(Progress())
+    return totals
+
+
 def run(spark: SparkSession, log_dir: str | list[str], checkpoint: str, output: str,
-        **kwargs) -> None:
+        **kwargs: Any) -> None:
     """Run until stopped (or, with ``once=True``, until the available files are done)."""
     queries = start(spark, log_dir, checkpoint, output, **kwargs)
     try:

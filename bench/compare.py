@@ -256,9 +256,9 @@ async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds:
     rates: dict[tuple[str, str], list[Rate]] = {}
     lats: dict[str, list[Latency]] = {}
     mem: dict[str, float] = {}
-    # Latency first, on brokers that have not routed anything yet: after a
-    # throughput case a Skan broker still writes its routing log for a while
-    # (and its admission gate may hold readers), which would be measured as
+    # Latency first, on brokers that have not routed anything yet: right after
+    # a throughput case a Skan broker is still busy with its aftermath (the
+    # routing-log backlog, closed connections), which would be measured as
     # latency.  Each later case starts with the target's settle().
     # Memory after latency (10,000 connections opening and closing are work
     # too) and before the throughput cases (whose garbage the heap would reuse).

@@ -5,6 +5,7 @@
     python -m bench.run --before ../old-checkout # adds a broker running older code
     python -m bench.run --pure                   # adds a broker with SKAN_PURE_PYTHON=1
     python -m bench.run --bare                   # adds a broker with log, metrics, retention off
+    python -m bench.run --feature-costs          # adds one broker per feature turned off
     python -m bench.run --broker 127.0.0.1:9912  # a Skan broker that is already running
 
 Scenarios (100-byte payloads): 1->1, 1->10, 10->1 (one group), 100->100 (100
@@ -28,8 +29,15 @@ from bench.anchors import Mosquitto, MqttClient, Nats, NatsClient
 from bench.compare import SCENARIOS, Target, run
 from bench.skan_load import Broker, SkanClient
 
-# The per-message features off (--bare): what they cost, side by side.
-BARE = "\n[log]\nenabled = false\n[metrics]\nenabled = false\n[retention]\nsize = 0\n"
+# The per-message features, each off on its own (--feature-costs) and all
+# off (--bare): what they cost, side by side.  Permissions have their own
+# benchmark (bench/auth_overhead.py: it needs clients with credentials).
+FEATURES_OFF = {
+    "log": "\n[log]\nenabled = false\n",
+    "metrics": "\n[metrics]\nenabled = false\n",
+    "retention": "\n[retention]\nsize = 0\n",
+}
+BARE = "".join(FEATURES_OFF.values())
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -53,6 +61,9 @@ async def main(args: argparse.Namespace) -> None:
             skan("skan", Broker(config))
         if args.before:
             skan("skan-before", Broker(config, root=pathlib.Path(args.before).resolve()))
+        if args.feature_costs:
+            for feature, off in FEATURES_OFF.items():
+                skan(f"skan-no{feature}", Broker(config + off))
         if args.bare:
             skan("skan-bare", Broker(config + BARE))
         if args.pure:
@@ -77,6 +88,8 @@ def parse_args() -> argparse.Namespace:
                    help="also run a broker in pure-Python mode (SKAN_PURE_PYTHON=1)")
     p.add_argument("--bare", action="store_true",
                    help="also run a broker with routing log, metrics and retention off")
+    p.add_argument("--feature-costs", action="store_true",
+                   help="also run one broker per feature (log, metrics, retention) turned off")
     p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the 10,000 idle connections memory figure")

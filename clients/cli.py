@@ -1,9 +1,10 @@
-"""``skan``: publish, subscribe, request and read stats from the command line.
+"""``skan``: publish, subscribe, request, reply and read stats from the command line.
 
     skan sub chat                      # print every message on group "chat"
     skan pub chat "hello"              # send a DATA message
     skan pub chat '{"n": 1}' --json    # send a JSON value as a Skan HASH
-    skan request svc '{"q": 1}' --json --to LNAME
+    skan reply svc --text pong         # answer every request sent to group "svc"
+    skan request svc '{"q": 1}' --json # send and wait for the reply
     skan stats
     skan --protocol hsp sub chat       # the same over the broker's HSP listener
     skan --protocol hsp pub chat hi --acked   # DATA_ACK: wait for the broker's ACK
@@ -18,29 +19,26 @@ from typing import Any
 
 import trio
 
-from broker.core.events import MappingError, json_to_skan
-from clients.common import env_token
+from clients import cliutil
+from clients.common import CONNECT_TIMEOUT
 from clients.hsp import DEFAULT_PORT as HSP_PORT
-from clients.hsp import HSPError, SkanOverHSP
+from clients.hsp import HSPClosed, HSPError, SkanOverHSP
 from clients.skan import (
+    CLOSED,
     DEFAULT_PORT,
     Message,
     SkanClient,
     SkanClientError,
-    ssl_client_context,
+    SkanClosed,
     strkeys,
 )
 
+PROG = "skan"
+# Seconds `skan request` waits for its reply unless told otherwise.
+REQUEST_TIMEOUT = 5.0
 
-def _payload(text: str | None, as_json: bool) -> Any:
-    if text is None:
-        return None
-    if not as_json:
-        return text
-    try:
-        return json_to_skan(json.loads(text))
-    except (json.JSONDecodeError, MappingError) as exc:
-        raise SystemExit(f"skan: bad --json message: {exc}") from None
+NUMBERS_NOTE = ('Skan has no number type: numbers travel as decimal strings '
+                '(1 is sent and shown as "1").')
 
 
 def _show(value: Any) -> str:
@@ -53,6 +51,7 @@ def _show(value: Any) -> str:
 
 
 def format_message(m: Message, as_json: bool = False) -> str:
+    """One line per message: text payloads as text, HASH/LIST as JSON, binary as 0x-hex."""
     if as_json:
         return json.dumps({
             "group": m.group, "instance": m.instance, "from": m.sender, "to": m.to,
@@ -62,125 +61,208 @@ def format_message(m: Message, as_json: bool = False) -> str:
     return f"[{m.group}/{m.instance}] {m.sender} -> {m.to} seq={m.seq}{repl}: {_show(m.msg)}"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="skan", description="Talk to a Skan broker.")
-    p.add_argument("--host", default="127.0.0.1")
+def build_parser() -> cliutil.Parser:
+    examples = __doc__.split("\n\n")[1].rstrip()
+    p = cliutil.Parser(prog=PROG, description="Talk to a Skan broker. " + NUMBERS_NOTE,
+                       epilog="examples:\n" + examples)
     p.add_argument("--protocol", choices=["skan", "hsp"], default="skan",
                    help="native Skan, or Skan messages carried over HSP")
-    p.add_argument("--port", type=int,
-                   help=f"broker port (default {DEFAULT_PORT}, or {HSP_PORT} with --protocol hsp)")
-    p.add_argument("--tls", action="store_true", help="connect with TLS")
-    p.add_argument("--ca", help="CA file to verify the broker's certificate")
-    p.add_argument("--insecure", action="store_true", help="TLS without certificate checks")
-    p.add_argument("--cert", help="client certificate (PEM) to present; implies --tls")
-    p.add_argument("--key", help="private key of --cert (if not in the same file)")
-    p.add_argument("--token", help="credential sent in getlname "
-                   "(default: the SKAN_TOKEN environment variable)")
-    sub = p.add_subparsers(dest="command", required=True)
+    cliutil.add_connection_options(
+        p, default_port=None,
+        port_help=f"broker port (default: {DEFAULT_PORT}, or {HSP_PORT} with --protocol hsp)")
+    p.add_argument("--connect-timeout", type=cliutil.positive_float, default=CONNECT_TIMEOUT,
+                   metavar="SECONDS",
+                   help="seconds to connect and get the broker's first answer")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    pub = sub.add_parser("pub", help="send a message to a group")
-    pub.add_argument("group")
-    pub.add_argument("message", nargs="?", help="DATA text (or JSON with --json); none = NULL")
-    pub.add_argument("--instance", default="*")
-    pub.add_argument("--to", default="*", help="an lname for a directed message")
-    pub.add_argument("--json", action="store_true", help="message is JSON, sent as HASH/LIST")
-    pub.add_argument("--count", type=int, default=1, help="send it this many times")
+    pub = sub.add_parser("pub", help="send a message to a group",
+                         description="Send a message to a group. " + NUMBERS_NOTE)
+    pub.add_argument("group", help="group to send to")
+    pub.add_argument("message", nargs="?", help="DATA text (JSON with --json); none sends NULL")
+    pub.add_argument("--instance", default="*", help="instance within the group")
+    pub.add_argument("--to", default="*", help="an lname for a directed message, * for all")
+    pub.add_argument("--json", action="store_true",
+                     help="the message is JSON, sent as HASH/LIST/DATA")
+    pub.add_argument("--count", type=_positive_int, default=1, help="send it this many times")
     pub.add_argument("--acked", action="store_true",
                      help="(--protocol hsp) send as DATA_ACK and wait for each ACK")
 
-    s = sub.add_parser("sub", help="print messages of a group")
-    s.add_argument("group")
-    s.add_argument("--instance", default="*")
-    s.add_argument("--subtype", default="normal", choices=["normal", "meonly", "promisc"])
-    s.add_argument("--count", type=int, default=0, help="exit after this many (0 = never)")
+    s = sub.add_parser("sub", help="print messages of a group",
+                       description="Print every message of a group, one per line: text as "
+                                   "text, HASH/LIST as JSON, binary DATA as 0x-hex. "
+                                   + NUMBERS_NOTE)
+    s.add_argument("group", help="group to subscribe to")
+    s.add_argument("--instance", default="*", help="instance within the group (* = all)")
+    s.add_argument("--subtype", default="normal", choices=["normal", "meonly", "promisc"],
+                   help="normal: broadcasts and messages to me; meonly: only to me; "
+                        "promisc: everything on the group")
+    s.add_argument("--count", type=cliutil.non_negative_int, default=0,
+                   help="exit after this many messages (0 = never)")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
 
-    r = sub.add_parser("request", help="send and wait for the reply")
-    r.add_argument("group")
-    r.add_argument("message", nargs="?")
-    r.add_argument("--to", default="*")
-    r.add_argument("--instance", default="*")
-    r.add_argument("--json", action="store_true")
-    r.add_argument("--timeout", type=float, default=5.0)
+    r = sub.add_parser("request", help="send a message and wait for its reply",
+                       description="Send a message and print the first reply whose repl is "
+                                   "its seq (answer it with `skan reply`).")
+    r.add_argument("group", help="group of the responder")
+    r.add_argument("message", nargs="?", help="DATA text (JSON with --json); none sends NULL")
+    r.add_argument("--to", default="*", help="the responder's lname, or * for any")
+    r.add_argument("--instance", default="*", help="instance within the group")
+    r.add_argument("--json", action="store_true",
+                   help="the message is JSON; the reply is printed as JSON too")
+    r.add_argument("--timeout", type=cliutil.positive_float, default=REQUEST_TIMEOUT,
+                   metavar="SECONDS", help="seconds to wait for the reply")
 
-    sub.add_parser("stats", help="print the broker's counters")
+    rp = sub.add_parser(
+        "reply", help="answer requests sent to a group",
+        description="Subscribe to a group and answer every request sent to it (broadcast to "
+                    "the group or addressed to this lname) with a reply to its sender. The "
+                    "lname is printed on stderr. Messages that are themselves replies are not "
+                    "answered.")
+    rp.add_argument("group", help="group whose requests to answer")
+    rp.add_argument("--instance", default="*", help="instance within the group (* = all)")
+    what = rp.add_mutually_exclusive_group()
+    what.add_argument("--text", help="answer every request with this (JSON with --json)")
+    what.add_argument("--echo", action="store_true",
+                      help="answer with the request's own message (what happens without --text)")
+    rp.add_argument("--json", action="store_true", help="--text is JSON, sent as HASH/LIST")
+    rp.add_argument("--count", type=cliutil.non_negative_int, default=0,
+                    help="exit after answering this many requests (0 = never)")
+
+    sub.add_parser("stats", help="print the broker's counters",
+                   description="Print the broker's counters (the Skan stats message).")
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = cliutil.non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
-    args.token = env_token(args.token)
+    cliutil.finish_connection_args(args)
     if args.port is None:
         args.port = HSP_PORT if args.protocol == "hsp" else DEFAULT_PORT
-    args.tls = args.tls or args.cert is not None
     if getattr(args, "acked", False) and args.protocol != "hsp":
         p.error("--acked needs --protocol hsp")
+    # Check the payload now: a bad --json is a usage error, whether or not a broker runs.
+    text_field = "text" if args.command == "reply" else "message"
+    if getattr(args, "json", False) and args.command in ("pub", "request", "reply"):
+        raw = getattr(args, text_field)
+        if raw is not None:
+            try:
+                setattr(args, text_field, cliutil.skan_json(raw))
+            except argparse.ArgumentTypeError as exc:
+                p.error(f"argument {text_field}: {exc}")
     return args
 
 
-def _connect(args: argparse.Namespace, ctx: Any):
+def _connect(args: argparse.Namespace):
+    ctx = cliutil.client_ssl_context(args)
     if args.protocol == "hsp":
         return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx, token=args.token,
+                                   timeout=args.connect_timeout,
                                    acked=getattr(args, "acked", False))
-    return SkanClient.connect(args.host, args.port, ssl_context=ctx, token=args.token)
+    return SkanClient.connect(args.host, args.port, ssl_context=ctx, token=args.token,
+                              timeout=args.connect_timeout)
 
 
-async def run(args: argparse.Namespace, out=sys.stdout) -> int:
-    ctx = ssl_client_context(args.ca, args.insecure, args.cert, args.key) if args.tls else None
-    async with _connect(args, ctx) as client:
-        if args.command == "pub":
-            msg = _payload(args.message, args.json)
-            for _ in range(args.count):
-                try:
-                    await client.send(args.group, msg, instance=args.instance, to=args.to)
-                except HSPError as exc:
-                    print(f"skan: broker refused: {exc}", file=sys.stderr)
-                    return 1
+def _ended(client: SkanClient) -> int:
+    """A subscriber's stream ended before --count: say why, exit 1."""
+    raise SkanClosed(client.close_reason or CLOSED)
+
+
+async def _pub(client: SkanClient, args: argparse.Namespace) -> int:
+    for _ in range(args.count):
+        await client.send(args.group, args.message, instance=args.instance, to=args.to)
+    await client.barrier()
+    for err in client.errors:
+        print(f"{PROG}: broker refused: {err.reason}", file=sys.stderr)
+    return 1 if client.errors else 0
+
+
+async def _sub(client: SkanClient, args: argparse.Namespace) -> int:
+    await client.subscribe(args.group, args.instance, args.subtype)
+    cliutil.note(f"subscribed to {args.group}/{args.instance} as {client.lname} "
+                 "(numbers arrive as decimal strings)")
+    n = 0
+    async for m in client:
+        cliutil.out(format_message(m, args.json))
+        n += 1
+        if args.count and n >= args.count:
+            return 0
+    return _ended(client)
+
+
+async def _request(client: SkanClient, args: argparse.Namespace) -> int:
+    try:
+        reply = await client.request(args.group, args.message, to=args.to,
+                                     instance=args.instance, timeout=args.timeout)
+    except trio.TooSlowError:
+        print(f"{PROG}: no reply within {args.timeout:g}s (is a `skan reply {args.group}` "
+              "running?)", file=sys.stderr)
+        return 1
+    cliutil.out(format_message(reply, args.json))
+    return 0
+
+
+async def _reply(client: SkanClient, args: argparse.Namespace) -> int:
+    await client.subscribe(args.group, args.instance, "normal")
+    cliutil.note(f"replying to requests on {args.group}/{args.instance} as {client.lname}")
+    n = 0
+    async for m in client:
+        if m.repl is not None:
+            continue  # a reply, not a request: answering it could loop between responders
+        answer = m.msg if args.text is None else args.text
+        await client.reply(m, answer)
+        cliutil.out(format_message(m))
+        n += 1
+        if args.count and n >= args.count:
             await client.barrier()
-            for err in client.errors:
-                print(f"skan: broker refused: {err.reason}", file=sys.stderr)
-            return 1 if client.errors else 0
-        if args.command == "sub":
-            await client.subscribe(args.group, args.instance, args.subtype)
-            print(f"# subscribed to {args.group}/{args.instance} as {client.lname}",
-                  file=sys.stderr, flush=True)
-            n = 0
-            async for m in client:
-                print(format_message(m, args.json), file=out, flush=True)
-                n += 1
-                if args.count and n >= args.count:
-                    break
             return 0
-        if args.command == "request":
-            msg = _payload(args.message, args.json)
-            try:
-                reply = await client.request(args.group, msg, to=args.to,
-                                             instance=args.instance, timeout=args.timeout)
-            except SkanClientError as exc:
-                print(f"skan: broker refused: {exc.reason}", file=sys.stderr)
-                return 1
-            except trio.TooSlowError:
-                print(f"skan: no reply within {args.timeout}s", file=sys.stderr)
-                return 1
-            print(format_message(reply, args.json), file=out)
-            return 0
-        stats = await client.stats()
-        width = max(map(len, stats))
-        for key, value in stats.items():
-            if isinstance(value, dict):
-                value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-            print(f"{key:<{width}}  {value}", file=out)
-        return 0
+    return _ended(client)
+
+
+async def _stats(client: SkanClient, args: argparse.Namespace) -> int:
+    stats = await client.stats()
+    width = max(map(len, stats), default=0)
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        cliutil.out(f"{key:<{width}}  {value}")
+    return 0
+
+
+COMMANDS = {"pub": _pub, "sub": _sub, "request": _request, "reply": _reply, "stats": _stats}
+
+
+async def run(args: argparse.Namespace) -> int:
+    async with _connect(args) as client:
+        return await COMMANDS[args.command](client, args)
+
+
+def _own_errors(target: str):
+    def describe(exc: BaseException) -> str | None:
+        if isinstance(exc, SkanClosed):
+            return str(exc) if exc.reason.startswith(target) else f"{target}: {exc.reason}"
+        if isinstance(exc, SkanClientError):
+            return f"broker refused: {exc.reason}"
+        if isinstance(exc, HSPError):
+            return f"broker refused: {exc}"
+        if isinstance(exc, HSPClosed):
+            return f"{target}: {exc}"
+        return None
+
+    return describe
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return trio.run(run, args)
-    except OSError as exc:
-        print(f"skan: cannot reach the broker at {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    except SkanClientError as exc:  # a refused credential: the broker says why
-        print(f"skan: broker refused: {exc.reason}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    target = f"{args.host}:{args.port}"
+    return cliutil.run(PROG, run, args, target=target, errors=_own_errors(target))
 
 
 if __name__ == "__main__":

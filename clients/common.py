@@ -6,22 +6,48 @@ The broker's listeners and bridges use the same keep-alive loop
 
 from __future__ import annotations
 
-import argparse
 import os
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+# Where the clients look for a broker unless told otherwise (the broker's own default bind).
+DEFAULT_HOST = "127.0.0.1"
+# Seconds a client waits to establish TCP (and TLS) and then for the server's
+# first answer (Skan getlname, Eventer MsgInitRes, Mariner pong).  A port that
+# speaks another protocol is reported within this time instead of hanging.
+CONNECT_TIMEOUT = 5.0
+
+
+# A foreign protocol's bytes read as a length make numbers of hundreds of digits.
+_LONG_NUMBER = re.compile(r"\d{16,}")
+# Longest peer-derived text quoted in one line.
+MAX_REASON = 200
+
+
+def tidy_reason(text: str) -> str:
+    """A decoder's or peer's reason fit for one line: huge numbers summarised, length capped."""
+    text = _LONG_NUMBER.sub(lambda m: f"a {len(m.group())}-digit number", text)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
 
 async def open_stream(
-    host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+    timeout: float = CONNECT_TIMEOUT,
 ) -> trio.abc.Stream:
-    """A TCP stream to host:port, wrapped in TLS when ``ssl_context`` is given."""
-    if ssl_context is not None:
-        return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
-    return await trio.open_tcp_stream(host, port)
+    """A TCP stream to host:port, wrapped in TLS when ``ssl_context`` is given.
+
+    Raises :class:`TimeoutError` (an OSError) naming host:port when TCP does
+    not connect within ``timeout`` seconds.
+    """
+    with trio.move_on_after(timeout):
+        if ssl_context is not None:
+            return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        return await trio.open_tcp_stream(host, port)
+    raise TimeoutError(f"no TCP connection to {host}:{port} within {timeout:g}s")
 
 
 async def idle_pinger(
@@ -50,28 +76,10 @@ async def idle_pinger(
             return
 
 
-def add_credential_args(p: argparse.ArgumentParser) -> None:
-    """``--token`` (default ``$SKAN_TOKEN``) and a TLS client certificate."""
-    p.add_argument("--token", help="credential for the broker's [[users]] "
-                   "(default: the SKAN_TOKEN environment variable)")
-    p.add_argument("--tls-cert", help="client certificate (PEM) to present; implies --tls")
-    p.add_argument("--tls-key", help="private key of --tls-cert (if not in the same file)")
-
-
 def env_token(token: str | None) -> str | None:
     """``--token`` if given, else ``$SKAN_TOKEN`` (read after parsing, so a
     help text never shows the secret as a default)."""
     return token if token is not None else os.environ.get("SKAN_TOKEN")
-
-
-def tls_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
-    """The client TLS context of ``--tls``/``--tls-ca``/``--tls-cert``/``--tls-key``."""
-    if not (args.tls or args.tls_cert):
-        return None
-    ctx = ssl.create_default_context(cafile=args.tls_ca)
-    if args.tls_cert:
-        ctx.load_cert_chain(args.tls_cert, args.tls_key)
-    return ctx
 
 
 class ReceiveIterator:

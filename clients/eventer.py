@@ -29,13 +29,8 @@ from typing import Any
 
 import trio
 
-from clients.common import (
-    add_credential_args,
-    env_token,
-    idle_pinger,
-    open_stream,
-    tls_from_args,
-)
+from clients import cliutil
+from clients.common import CONNECT_TIMEOUT, idle_pinger, open_stream, tidy_reason
 from wire.chatter import Conversation, Envelope
 from wire.errors import ProtocolError
 from wire.eventer import (
@@ -65,6 +60,8 @@ from wire.eventer import (
 )
 
 DEFAULT_PORT = 23012
+PROG = "skan-eventer"
+CLI_CLIENT_NAME = "skan-eventer-cli"
 RECV_SIZE = 256 * 1024
 
 
@@ -74,6 +71,10 @@ class EventerError(ConnectionError):
 
 class EventerInitError(EventerError):
     """The server refused MsgInitReq (the reason is the server's text)."""
+
+
+class NotEventer(EventerError):
+    """The server did not answer MsgInitReq like an Eventer server (another protocol?)."""
 
 
 class EventerTimeout(EventerError):
@@ -127,16 +128,16 @@ class EventerClient:
         ``timeout`` is the Chatter conversation timeout (requests, MsgInitRes);
         ``connect_timeout`` bounds establishing TCP (and TLS).
         """
-        stream: trio.abc.Stream
-        with trio.move_on_after(connect_timeout) as scope:
-            stream = await open_stream(host, port, ssl_context)
-        if scope.cancelled_caught:
-            raise EventerTimeout(f"no connection to {host}:{port} within {connect_timeout}s")
+        try:
+            stream = await open_stream(host, port, ssl_context, connect_timeout)
+        except TimeoutError:
+            raise EventerTimeout(
+                f"no connection to {host}:{port} within {connect_timeout:g}s") from None
         async with cls.over(
             stream, client_name, subscriptions=subscriptions, token=token,
             server_id=server_id, persisted=persisted, envelope=envelope,
             ping_delay=ping_delay, ping_timeout=ping_timeout, timeout=timeout,
-            max_message=max_message, inbox=inbox,
+            max_message=max_message, inbox=inbox, target=f"{host}:{port}",
         ) as client:
             yield client
 
@@ -157,8 +158,13 @@ class EventerClient:
         timeout: float = 5.0,
         max_message: int = 64 * 1024 * 1024,
         inbox: int = 64,
+        target: str = "the server",
     ) -> AsyncIterator[EventerClient]:
-        """Run a client over an open stream (closed when the block exits): init, then serve."""
+        """Run a client over an open stream (closed when the block exits): init, then serve.
+
+        ``target`` names the peer in errors (:class:`NotEventer` when it does not
+        answer MsgInitReq like an Eventer server).
+        """
         request = InitReq(client_name, token, tuple(tuple(s) for s in subscriptions),
                           server_id, persisted)
         proto = ClientConnection(request, envelope=envelope, max_message=max_message,
@@ -166,16 +172,23 @@ class EventerClient:
         client = cls(stream, proto, inbox=inbox, ping_delay=ping_delay,
                      ping_timeout=ping_timeout)
         try:
-            with trio.fail_after(timeout):
-                await client._handshake()
+            try:
+                with trio.fail_after(timeout):
+                    await client._handshake()
+            except EventerInitError:
+                raise
+            except EventerError as exc:
+                reason = tidy_reason(f"{target} is not an Eventer server: {exc}")
+                raise NotEventer(reason) from None
+            except trio.TooSlowError:
+                raise EventerTimeout(f"{target} is not an Eventer server: no MsgInitRes within "
+                                     f"{timeout:g}s") from None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(client._reader)
                 nursery.start_soon(client._timer)
                 nursery.start_soon(client._pinger)
                 yield client
                 nursery.cancel_scope.cancel()
-        except trio.TooSlowError:
-            raise EventerTimeout(f"no MsgInitRes within {timeout}s") from None
         finally:
             client._closed = True
             await trio.aclose_forcefully(stream)
@@ -382,44 +395,40 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
-def _etype(text: str) -> EventType:
-    return tuple(text.split("/"))
-
-
 def _print(events: Iterable[Event]) -> None:
     for event in events:
-        print(json.dumps(event_json(event), ensure_ascii=False), flush=True)
+        cliutil.out(json.dumps(event_json(event), ensure_ascii=False))
 
 
 async def _run(args: argparse.Namespace) -> int:
-    ctx = tls_from_args(args)
-    subs = [_etype(p) for p in args.patterns] if args.command == "subscribe" else []
-    async with EventerClient.connect(args.host, args.port, args.client_name, token=args.token,
-                                     subscriptions=subs, ssl_context=ctx) as client:
+    target = f"{args.host}:{args.port}"
+    subs = args.patterns if args.command == "subscribe" else []
+    async with EventerClient.connect(
+        args.host, args.port, args.client_name, token=args.token, subscriptions=subs,
+        ssl_context=cliutil.client_ssl_context(args), timeout=args.timeout,
+        connect_timeout=args.timeout,
+    ) as client:
         if args.command == "subscribe":
+            cliutil.note(f"subscribed to {', '.join('/'.join(p) for p in subs)} at {target}")
             async for batch in client:
                 _print(batch)
-            return 0
+            raise client._failure or EventerError("connection closed by the server")
         if args.command == "register":
             payload: Payload = None
             if args.json is not None:
-                payload = JsonPayload(json.loads(args.json))
+                payload = JsonPayload(args.json)
             elif args.binary is not None:
-                btype, _, data = args.binary.partition(":")
-                payload = BinaryPayload(btype, bytes.fromhex(data))
+                payload = BinaryPayload(*args.binary)
             source = None if args.source_timestamp is None else Timestamp.from_float(
                 args.source_timestamp)
-            events = await client.register([RegisterEvent(_etype(args.type), source, payload)])
+            events = await client.register([RegisterEvent(args.type, source, payload)])
             if events is None:
-                print("eventer: the server refused the registration", file=sys.stderr)
+                print(f"{PROG}: the server refused the registration", file=sys.stderr)
                 return 1
             _print(events)
             return 0
-        types = tuple(_etype(t) for t in args.types) if args.types else None
-        last = None
-        if args.last_event_id:
-            server, session, instance = (int(x) for x in args.last_event_id.split(","))
-            last = EventId(server, session, instance)
+        types = tuple(args.types) if args.types else None
+        last = None if args.last_event_id is None else EventId(*args.last_event_id)
         params: QueryParams
         if args.kind == "latest":
             params = QueryLatestParams(types)
@@ -433,46 +442,61 @@ async def _run(args: argparse.Namespace) -> int:
         result = await client.query(params)
         _print(result.events)
         if result.more_follows:
-            print("eventer: more events follow (page on with --last-event-id)",
-                  file=sys.stderr)
+            cliutil.note("more events follow (page on with --last-event-id)")
         return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="skan-eventer",
-                                description="Eventer client: subscribe, register, query "
-                                            "(events printed as JSON lines).")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--client-name", default="skan-eventer-cli")
-    add_credential_args(p)
-    p.add_argument("--tls", action="store_true")
-    p.add_argument("--tls-ca")
-    sub = p.add_subparsers(dest="command", required=True)
+def _binary(text: str) -> tuple[str, bytes]:
+    btype, sep, data = text.partition(":")
+    if not sep or not btype:
+        raise argparse.ArgumentTypeError(f"bad binary payload {text!r} (TYPE:HEX expected)")
+    return btype, cliutil.hex_bytes(data)
+
+
+def build_parser() -> cliutil.Parser:
+    p = cliutil.Parser(prog=PROG, description="Eventer client: subscribe, register, query "
+                                              "(events printed as JSON lines).")
+    cliutil.add_connection_options(p, default_port=DEFAULT_PORT, port_help="Eventer port")
+    p.add_argument("--client-name", default=CLI_CLIENT_NAME, help="name sent in MsgInitReq")
+    p.add_argument("--timeout", type=cliutil.positive_float, default=CONNECT_TIMEOUT,
+                   metavar="SECONDS",
+                   help="seconds to connect, and for each answer (MsgInitRes, queries)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("subscribe", help="print notified events")
-    s.add_argument("patterns", nargs="+", help="event-type patterns, segments joined by '/' "
-                   "(e.g. 'plant/*')")
+    s.add_argument("patterns", nargs="+", type=cliutil.event_type,
+                   help="event-type patterns, segments joined by '/' (e.g. 'plant/*')")
     r = sub.add_parser("register", help="register one event, print it as created")
-    r.add_argument("type", help="event type, segments joined by '/'")
-    r.add_argument("--json", help="JSON payload")
-    r.add_argument("--binary", metavar="TYPE:HEX", help="binary payload")
-    r.add_argument("--source-timestamp", type=float)
+    r.add_argument("type", type=cliutil.event_type, help="event type, segments joined by '/'")
+    payload = r.add_mutually_exclusive_group()
+    payload.add_argument("--json", type=cliutil.json_value, help="JSON payload")
+    payload.add_argument("--binary", metavar="TYPE:HEX", type=_binary, help="binary payload")
+    r.add_argument("--source-timestamp", type=float, metavar="SECONDS",
+                   help="source timestamp, seconds since the epoch")
     q = sub.add_parser("query", help="print query results")
-    q.add_argument("kind", choices=["latest", "timeseries", "server"])
-    q.add_argument("--types", nargs="*", help="event-type patterns ('a/*')")
-    q.add_argument("--max-results", type=int)
-    q.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE")
-    q.add_argument("--order", choices=["descending", "ascending"], default="descending")
-    q.add_argument("--server-id", type=int, default=1)
-    args = p.parse_args(argv)
-    args.token = env_token(args.token)
-    try:
-        return trio.run(_run, args)
-    except KeyboardInterrupt:
-        return 130
-    except (EventerError, OSError, ValueError) as exc:
-        print(f"eventer: {exc}", file=sys.stderr)
-        return 1
+    q.add_argument("kind", choices=["latest", "timeseries", "server"], help="query kind")
+    q.add_argument("--types", nargs="*", type=cliutil.event_type,
+                   help="event-type patterns ('a/*'); all when not given")
+    q.add_argument("--max-results", type=cliutil.non_negative_int,
+                   help="at most this many events (the server's limit applies)")
+    q.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE", type=cliutil.event_id,
+                   help="page on after this event")
+    q.add_argument("--order", choices=["descending", "ascending"], default="descending",
+                   help="timeseries order")
+    q.add_argument("--server-id", type=cliutil.non_negative_int, default=1,
+                   help="server whose events a 'server' query returns")
+    return p
+
+
+def _own_errors(exc: BaseException) -> str | None:
+    if isinstance(exc, EventerError):
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cliutil.finish_connection_args(args)
+    return cliutil.run(PROG, _run, args, target=f"{args.host}:{args.port}", errors=_own_errors)
 
 
 if __name__ == "__main__":

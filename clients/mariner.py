@@ -15,8 +15,8 @@ violation, ping timeout, or the broker's ``error`` message, e.g. a wrong
 token).  ``last_event_id`` is the id of the newest event handed out, for
 resuming with ``connect(..., last_event_id=...)``.
 
-Command line: ``python -m clients.mariner --port 23014 'sensors/*'`` prints
-every event as a JSON line.
+Command line: ``skan-mariner --port 23014 'sensors/*'`` prints every event
+as a JSON line.
 """
 
 from __future__ import annotations
@@ -32,17 +32,13 @@ from typing import Any
 
 import trio
 
-from clients.common import (
-    ReceiveIterator,
-    add_credential_args,
-    env_token,
-    idle_pinger,
-    open_stream,
-    tls_from_args,
-)
+from clients import cliutil
+from clients.common import CONNECT_TIMEOUT, ReceiveIterator, idle_pinger, open_stream, tidy_reason
 from wire import mariner as mw
 
 DEFAULT_PORT = 23014
+PROG = "skan-mariner"
+CLI_CLIENT_ID = "skan-mariner-cli"
 # Bytes asked of the socket per receive.
 RECV_SIZE = 65536
 
@@ -218,48 +214,67 @@ def event_to_json(event: mw.Event) -> dict[str, Any]:
     return mw.event_json(event)
 
 
-async def _subscribe(args: argparse.Namespace) -> None:
-    ctx = tls_from_args(args)
-    last = None
-    if args.last_event_id:
-        server, session, instance = (int(x) for x in args.last_event_id.split(","))
-        last = mw.EventId(server, session, instance)
-    patterns = [tuple(p.split("/")) for p in args.patterns]
-    async with MarinerClient.connect(
-        args.host, args.port, client_id=args.client_id, client_token=args.token,
-        last_event_id=last, subscriptions=patterns, ssl_context=ctx,
+async def _subscribe(args: argparse.Namespace) -> int:
+    target = f"{args.host}:{args.port}"
+    last = None if args.last_event_id is None else mw.EventId(*args.last_event_id)
+    try:
+        stream = await open_stream(args.host, args.port, cliutil.client_ssl_context(args),
+                                   args.timeout)
+    except TimeoutError:
+        raise cliutil.UserError(f"no connection to {target} within {args.timeout:g}s") from None
+    async with MarinerClient.over(
+        stream, client_id=args.client_id, client_token=args.token,
+        last_event_id=last, subscriptions=args.patterns,
     ) as client:
+        # A Mariner server answers ping with pong: one round trip proves the
+        # port speaks Mariner and accepted init (a wrong token closes it).
+        with trio.move_on_after(args.timeout) as handshake:
+            try:
+                await client.barrier()
+            except MarinerClosed as exc:
+                raise cliutil.WrongPeer(_not_mariner(target, exc.reason)) from None
+        if handshake.cancelled_caught:
+            raise cliutil.WrongPeer(
+                f"{target} is not a Mariner server: no pong within {args.timeout:g}s")
+        cliutil.note(f"subscribed to {', '.join('/'.join(p) for p in args.patterns)} "
+                     f"at {target} as {args.client_id}")
         async for batch in client:
             for event in batch:
-                print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+                cliutil.out(json.dumps(event_to_json(event), ensure_ascii=False))
+        raise MarinerClosed(client.close_reason or "the server closed the connection")
+
+
+def _not_mariner(target: str, reason: str) -> str:
+    if reason.startswith("server error:"):
+        # A Mariner server that refused init (wrong token...): it is one.
+        return f"{target}: {reason}"
+    return tidy_reason(f"{target} is not a Mariner server: {reason or 'it closed the connection'}")
+
+
+def build_parser() -> cliutil.Parser:
+    p = cliutil.Parser(prog=PROG, description="Print Mariner events as JSON lines.")
+    p.add_argument("patterns", nargs="+", type=cliutil.event_type,
+                   help="event-type patterns, segments joined by '/' (e.g. 'sensors/*')")
+    cliutil.add_connection_options(p, default_port=DEFAULT_PORT, port_help="Mariner port")
+    p.add_argument("--client-id", default=CLI_CLIENT_ID, help="client_id sent in init")
+    p.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE", type=cliutil.event_id,
+                   help="replay retained events after this one first")
+    p.add_argument("--timeout", type=cliutil.positive_float, default=CONNECT_TIMEOUT,
+                   metavar="SECONDS", help="seconds to connect and get the server's first pong")
+    return p
+
+
+def _own_errors(exc: BaseException) -> str | None:
+    if isinstance(exc, MarinerClosed):
+        return exc.reason
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m clients.mariner", description="Print Mariner events as JSON lines."
-    )
-    p.add_argument("patterns", nargs="+", help="event-type patterns, segments joined by '/' "
-                   "(e.g. 'sensors/*')")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--client-id", default="skan-mariner-cli")
-    add_credential_args(p)
-    p.add_argument("--last-event-id", metavar="SERVER,SESSION,INSTANCE")
-    p.add_argument("--tls", action="store_true")
-    p.add_argument("--tls-ca")
-    args = p.parse_args(argv)
-    args.token = env_token(args.token)
-    try:
-        trio.run(_subscribe, args)
-    except MarinerClosed as exc:
-        print(f"mariner: {exc.reason}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except OSError as exc:
-        print(f"mariner: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    args = build_parser().parse_args(argv)
+    cliutil.finish_connection_args(args)
+    return cliutil.run(PROG, _subscribe, args, target=f"{args.host}:{args.port}",
+                       errors=_own_errors)
 
 
 if __name__ == "__main__":

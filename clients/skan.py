@@ -23,10 +23,24 @@ from typing import Any
 import attrs
 import trio
 
-from clients.common import ReceiveIterator, open_stream
+from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
+from wire.errors import RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
 
 DEFAULT_PORT = 9912
+CLOSED = "the server closed the connection"
+
+
+class SkanClosed(Exception):
+    """The connection ended (``reason`` says how) before the answer arrived."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotSkanBroker(SkanClosed):
+    """The server did not answer getlname like a Skan broker (another protocol, or none)."""
 
 
 class SkanClientError(Exception):
@@ -54,6 +68,24 @@ class Message:
     msg: Any
     repl: str | None
     header: dict[bytes, Any] = attrs.field(repr=False)
+
+    @property
+    def text(self) -> str | None:
+        """``msg`` as text when it is UTF-8 DATA, else None (a HASH, a LIST, NULL, binary)."""
+        if isinstance(self.msg, bytes):
+            try:
+                return self.msg.decode()
+            except UnicodeDecodeError:
+                return None
+        return None
+
+    @property
+    def value(self) -> Any:
+        """``msg`` with str tags and UTF-8 DATA as str (binary DATA stays bytes).
+
+        Skan has no number type: a number sent as 1 arrives as "1".
+        """
+        return strkeys(self.msg)
 
     @classmethod
     def from_header(cls, header: dict[bytes, Any]) -> Message:
@@ -100,6 +132,11 @@ class SkanClient(ReceiveIterator):
         # reading, TCP pushes back and the broker's slow-consumer policy decides.
         self._inbox_send, self._inbox = trio.open_memory_channel[Message](inbox)
         self.errors: list[SkanClientError] = []
+        # Why the connection ended: None while open, "" when the broker closed it
+        # cleanly, else what went wrong (the broker's bytes were not Skan...).
+        self.close_reason: str | None = None
+        # The transport error that ended the connection (a reset, a refused TLS handshake).
+        self._broken: trio.BrokenResourceError | None = None
         self.lname = ""
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -114,35 +151,56 @@ class SkanClient(ReceiveIterator):
         port: int = DEFAULT_PORT,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        timeout: float = CONNECT_TIMEOUT,
         token: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
         """Connect, ask for the lname, and run the reader until the block exits.
 
-        ``token`` is sent in the getlname (the broker's ``[[users]]``); a client
-        certificate goes in ``ssl_context`` (see :func:`ssl_client_context`).
-        A refused credential raises :class:`SkanClientError` ("not authorised: ...").
+        Raises :class:`NotSkanBroker` when the server does not answer getlname
+        like a Skan broker within ``timeout`` seconds (a port speaking HTTP,
+        HSP or Chatter is reported instead of hanging).  ``token`` is sent in
+        the getlname (the broker's ``[[users]]``); a client certificate goes in
+        ``ssl_context`` (see :func:`ssl_client_context`).  A refused credential
+        raises :class:`SkanClientError` ("not authorised: ...").
         """
-        stream = await open_stream(host, port, ssl_context)
+        stream = await open_stream(host, port, ssl_context, timeout)
         client = cls(stream, **kwargs)
-        refused: str | None = None
+        refused: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 client._nursery = nursery
                 nursery.start_soon(client._reader)
                 try:
-                    client.lname = await client.getlname(token)
-                except trio.EndOfChannel:
-                    refused = (client.errors[-1].reason if client.errors
-                               else "the broker closed the connection")
+                    client.lname = await client._handshake(f"{host}:{port}", timeout, token)
+                except (SkanClientError, NotSkanBroker, trio.BrokenResourceError) as exc:
+                    refused = exc
                 else:
                     yield client
                 nursery.cancel_scope.cancel()
             if refused is not None:
-                raise SkanClientError(refused)
+                raise refused
         finally:
             client._closed = True
             await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, target: str, timeout: float, token: str | None) -> str:
+        with trio.move_on_after(timeout):
+            try:
+                return await self.getlname(token)
+            except SkanClosed as exc:
+                if self.errors:
+                    # A Skan broker that refused us (a credential): its reason.
+                    raise SkanClientError(self.errors[-1].reason) from None
+                if self._broken is not None:
+                    # Reset or TLS refused (a client certificate...): not a protocol question.
+                    raise self._broken from self._broken.__cause__
+                what = exc.reason
+                if what == CLOSED:
+                    what = "it closed the connection without answering getlname"
+                raise NotSkanBroker(f"{target} is not a Skan broker: {what}") from None
+        raise NotSkanBroker(
+            f"{target} is not a Skan broker: no answer to getlname within {timeout:g}s")
 
     async def aclose(self) -> None:
         """Close the connection now (the ``connect`` block still has to exit)."""
@@ -161,7 +219,10 @@ class SkanClient(ReceiveIterator):
         send, recv = trio.open_memory_channel(1)
         waiters.append(send)
         await self.send_raw(message)
-        return await recv.receive()
+        try:
+            return await recv.receive()
+        except trio.EndOfChannel:
+            raise SkanClosed(self.close_reason or CLOSED) from None
 
     async def getlname(self, token: str | None = None) -> str:
         message = {"type": "getlname"}
@@ -215,7 +276,10 @@ class SkanClient(ReceiveIterator):
         try:
             await self.send(group, msg, instance=instance, to=to, seq=seq)
             with trio.fail_after(timeout):
-                result = await recv.receive()
+                try:
+                    result = await recv.receive()
+                except trio.EndOfChannel:
+                    raise SkanClosed(self.close_reason or CLOSED) from None
         finally:
             self._requests.pop(seq.encode(), None)
         if isinstance(result, SkanClientError):
@@ -237,11 +301,19 @@ class SkanClient(ReceiveIterator):
             while True:
                 data = await self._stream.receive_some(65536)
                 if not data:
+                    self._ended("")
                     break
                 for frame in self._splitter.receive_data(data):
                     await self._dispatch(decode(frame[4:]))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if isinstance(exc, trio.BrokenResourceError):
+                self._broken = exc
+            self._ended("" if self._closed else f"lost the connection ({exc})")
+        except RemoteProtocolError as exc:
+            # The bytes are not Skan (or, over HSP, not HSP): the stream
+            # cannot be trusted any more.
+            self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
+            await trio.aclose_forcefully(self._stream)
         finally:
             self._inbox_send.close()
             for waiters in (self._lname_waiters, self._stats_waiters):
@@ -249,6 +321,10 @@ class SkanClient(ReceiveIterator):
                     w.close()
             for w in self._requests.values():
                 w.close()
+
+    def _ended(self, reason: str) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
 
     async def _dispatch(self, header: dict[bytes, Any]) -> None:
         mtype = header.get(b"type")
@@ -285,4 +361,12 @@ def ssl_client_context(ca: str | None = None, insecure: bool = False,
     return ctx
 
 
-__all__ = ["Message", "SkanClient", "SkanClientError", "ssl_client_context", "strkeys"]
+__all__ = [
+    "Message",
+    "NotSkanBroker",
+    "SkanClient",
+    "SkanClientError",
+    "SkanClosed",
+    "ssl_client_context",
+    "strkeys",
+]

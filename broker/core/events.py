@@ -18,7 +18,6 @@ or JSON).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -28,6 +27,8 @@ from broker.core.inject import Injected, build_send
 from broker.core.router import STAR, Routed
 from wire.hattime import join_timestamp, split_timestamp
 from wire.skan import Nested, item_bytes
+from wire.skan.jsonvalue import JsonValueError
+from wire.skan.jsonvalue import json_to_skan as _json_to_skan
 
 PAYLOAD_TYPE_TAG = b"payload-type"
 SOURCE_TIMESTAMP_TAG = b"source-timestamp"
@@ -192,32 +193,11 @@ def _raw_item(frame: bytes, nested: Nested, guess: int) -> bytes:
 
 
 def json_to_skan(value: Any, path: str = "payload") -> Any:
-    """JSON value -> Skan value: object->HASH, array->LIST, null->NULL, scalars->DATA."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return b"true" if value else b"false"
-    if isinstance(value, int):
-        return str(value).encode()
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise MappingError(f"{path}: {value} has no JSON representation")
-        return json.dumps(value).encode()
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, list | tuple):
-        return [json_to_skan(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            tag = str(k).encode("utf-8")
-            if not 0 < len(tag) <= 255:
-                raise MappingError(
-                    f"{path}: key {k!r} cannot be a Skan tag (1 to 255 bytes of UTF-8)"
-                )
-            out[tag] = json_to_skan(v, f"{path}.{k}")
-        return out
-    raise MappingError(f"{path}: {type(value).__name__} is not a JSON value")
+    """JSON value -> Skan value (the rule lives in :mod:`wire.skan.jsonvalue`)."""
+    try:
+        return _json_to_skan(value, path)
+    except JsonValueError as exc:
+        raise MappingError(str(exc)) from None
 
 
 # ---- both directions ------------------------------------------------------

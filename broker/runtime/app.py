@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 
@@ -20,6 +22,27 @@ from broker.runtime.reload import reload_config
 from broker.runtime.services import services
 
 log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """A service could not start; the message names it and its address or file."""
+
+    @classmethod
+    def of(cls, name: str, config: Config, exc: OSError) -> StartupError:
+        reason = exc.strerror or str(exc)
+        reason = reason[:1].lower() + reason[1:]
+        section = getattr(config, name, None)
+        if section is None or not hasattr(section, "port"):
+            return cls(f"cannot start {name}: {reason}")
+        host = getattr(section, "host", None) or config.broker.host
+        where = f"{name} listener on {host}:{section.port}"
+        for key in ("tls_cert", "tls_key"):
+            path = getattr(section, key, None)
+            if path and (exc.filename == path or not os.access(path, os.R_OK)):
+                return cls(f"cannot start {where}: {name}.{key} {path}: {reason}")
+        if isinstance(exc, ssl.SSLError):
+            return cls(f"cannot start {where}: TLS certificate or key refused: {exc}")
+        return cls(f"cannot start {where}: {reason}")
 
 
 def new_router(config: Config) -> Router:
@@ -65,7 +88,10 @@ async def run(
         async with trio.open_nursery() as svc_nursery:
             lines = []
             for name, serve in enabled:
-                addrs = await svc_nursery.start(serve, ctx)
+                try:
+                    addrs = await svc_nursery.start(serve, ctx)
+                except OSError as exc:
+                    raise StartupError.of(name, config, exc) from exc
                 log.info("service %s started", name)
                 lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]
             ready(lines)

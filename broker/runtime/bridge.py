@@ -183,7 +183,8 @@ async def _reconnect_forever(
         if was_up:
             # The connection worked: start the backoff from the beginning.
             delay = cfg.backoff_initial
-        log.info("bridge %s down (%s); retrying in %.1fs", status.name, status.last_error, delay)
+        log.warning("bridge %s down (%s); retrying in %.1fs", status.name, status.last_error,
+                    delay)
         await trio.sleep(delay * random.uniform(0.8, 1.2))
         status.reconnects += 1
         delay = min(delay * 2, cfg.backoff_max)

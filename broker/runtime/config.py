@@ -21,6 +21,8 @@ from broker.core.auth import Authenticator, group_pattern_problem, hash_token
 from broker.core.queue import MIN_QUEUE_LIMIT
 
 MiB = 1024 * 1024
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -77,6 +79,10 @@ class BrokerSection:
     slow_consumer_grace: float = attrs.field(default=1.0, validator=_non_negative)
     # Seconds a graceful stop waits for queued frames to drain to clients.
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
+    # Diagnostics on stderr: level and "text" (one line per record) or "json"
+    # (one JSON object per line, for log shippers).  Flags override both.
+    log_level: str = attrs.field(default="info", validator=_one_of(*LOG_LEVELS))
+    log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
     # Client connections of all listeners together (section 9); past it a new
     # connection gets its protocol's refusal and is closed.  Lowered at start
     # (with a warning) when the descriptor limit cannot hold this many.
@@ -177,6 +183,12 @@ class LogSection:
     # Records buffered between the router and the writer thread before
     # routing applies back-pressure.
     queue_records: int = attrs.field(default=200_000, validator=_positive)
+    # Retention: the oldest complete files are removed once all complete files
+    # together pass max_bytes, or a file is older than max_age seconds (0 = no
+    # limit).  A routing log left alone must not fill the disk; 1 GiB is 16
+    # files at the default rotate_bytes, a week covers a weekly Spark report.
+    max_bytes: int = attrs.field(default=1024 * MiB, validator=_non_negative)
+    max_age: float = attrs.field(default=7 * 24 * 3600.0, validator=_non_negative)
 
 
 @attrs.frozen
@@ -555,6 +567,8 @@ def override(config: Config, **flags: Any) -> Config:
         "mariner_port": ("mariner", "port"),
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
+        "log_level": ("broker", "log_level"),
+        "log_format": ("broker", "log_format"),
         "cluster": ("cluster", "url"),
         "reuse_port": ("broker", "reuse_port"),
     }

@@ -194,7 +194,8 @@ def test_report_matches_what_was_sent(spark, phase1, tmp_path):
     undeliv = {r[0]: r[1:] for r in result.tables["undeliverable"].rows}
     assert undeliv == {"void": [5, 5, 1.0], "tick-1": [1, 1, 1.0]}
     senders = result.tables["top_senders"].rows
-    assert sorted((r[1], r[2]) for r in senders) == sorted(
+    assert all(r[2] is None for r in senders)  # anonymous senders: no user
+    assert sorted((r[1], r[3]) for r in senders) == sorted(
         (p, protos[p]["messages_in"]) for p in ("skan", "hsp"))
     # Files: a PNG per view, one self-contained HTML page, the numbers as JSON.
     out = tmp_path / "report"

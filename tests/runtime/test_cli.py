@@ -133,4 +133,4 @@ async def test_skan_command_refused_send_exits_nonzero(broker):
         [sys.executable, "-m", "clients.cli", "--host", host, "--port", str(port), "pub", "g",
          "{not json", "--json"], env=ENV, check=False, capture_stderr=True,
     )
-    assert proc.returncode != 0 and b"bad --json" in proc.stderr
+    assert proc.returncode == 2 and b"bad JSON" in proc.stderr

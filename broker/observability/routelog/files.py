@@ -133,6 +133,19 @@ class LogFile:
             self.fd = -1
 
 
+def is_complete(name: str) -> bool:
+    """A published log file (complete and fsynced), as opposed to the hidden one being written."""
+    return name.startswith(PREFIX) and name.endswith(SUFFIX)
+
+
+@attrs.define
+class Pruned:
+    """What one retention pass removed."""
+
+    files: int = 0
+    bytes: int = 0
+
+
 @attrs.define
 class Recovery:
     files: int = 0
@@ -206,6 +219,43 @@ class LogDirectory:
         now = max(time.time(), self._last_open + 1e-6)
         self._last_open = now
         return LogFile(self.path, final_name(self.server_id, now, self._counter))
+
+    def prune(self, max_bytes: int, max_age: float, now: float | None = None) -> Pruned:
+        """Remove the oldest complete files until the rest fit ``max_bytes`` and ``max_age``.
+
+        Only published files count and only they are removed (never the hidden
+        file being written); names sort by open time, so oldest go first.  A
+        file's age is that of its last write (mtime).  0 disables a limit.
+        Files another process removed meanwhile are skipped.
+        """
+        result = Pruned()
+        if not max_bytes and not max_age:
+            return result
+        now = time.time() if now is None else now
+        files: list[tuple[str, int, float]] = []
+        for name in sorted(os.listdir(self.path)):
+            if not is_complete(name):
+                continue
+            try:
+                st = os.stat(os.path.join(self.path, name))
+            except FileNotFoundError:
+                continue
+            files.append((name, st.st_size, st.st_mtime))
+        total = sum(size for _, size, _ in files)
+        for name, size, mtime in files:
+            too_big = bool(max_bytes) and total > max_bytes
+            too_old = bool(max_age) and now - mtime > max_age
+            if not (too_big or too_old):
+                break
+            try:
+                os.unlink(os.path.join(self.path, name))
+            except FileNotFoundError:
+                pass
+            else:
+                result.files += 1
+                result.bytes += size
+            total -= size
+        return result
 
     def close(self) -> None:
         if self._lock_fd >= 0:

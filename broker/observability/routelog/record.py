@@ -33,8 +33,8 @@ from broker.core.router import Endpoint, Routed, Router
 
 # Record fields, in the order they are written (the analytics schema must match).
 FIELDS = (
-    "time_us", "server", "lname", "proto", "group", "instance", "to", "seq", "size", "recipients",
-    "delivered", "undeliverable",
+    "time_us", "server", "lname", "proto", "user", "group", "instance", "to", "seq", "size",
+    "recipients", "delivered", "undeliverable",
 )
 
 _PLAIN = re.compile(rb"[\x20\x21\x23-\x5b\x5d-\x7e]*\Z")
@@ -139,9 +139,15 @@ class RecordBuffer:
             self._generation = generation
         sender, recips, h = routed.sender, routed.recipients, routed.header
         group, instance, to = h[b"group"], h[b"instance"], h[b"to"]
+        principal = getattr(sender, "principal", None)
+        name = principal.name if principal is not None else None
+        # The sender's [[users]] name; null for anonymous clients (and full-rights bridges).
+        user = "null" if name is None else json_str(name.encode())
         prefix = (
-            f'"server":{self.server},"lname":{json_str(sender.lname)},"proto":{json_str(sender.protocol.encode())},'
-            f'"group":{json_str(group)},"instance":{json_str(instance)},"to":{json_str(to)}'
+            f'"server":{self.server},"lname":{json_str(sender.lname)},'
+            f'"proto":{json_str(sender.protocol.encode())},'
+            f'"user":{user},"group":{json_str(group)},"instance":{json_str(instance)},'
+            f'"to":{json_str(to)}'
         )
         d = routed.delivered
         suffix = (

@@ -46,6 +46,8 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         rotate_bytes=cfg.rotate_bytes,
         rotate_seconds=cfg.rotate_seconds,
         queue_records=cfg.queue_records,
+        max_bytes=cfg.max_bytes,
+        max_age=cfg.max_age,
         close_gate=lambda: gate.close(GATE_HOLDER),
         request_open=request_open,
     )

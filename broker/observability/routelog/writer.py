@@ -62,7 +62,9 @@ class RoutingLog:
     ``backpressure_waits``: reads that waited on the closed admission gate
     (set by the service); ``backpressure_closes``: times the gate was closed;
     ``errors``: disk operations that failed and were retried; ``lost``:
-    records given up at stop after the disk failed for ``STOP_RETRY_SECONDS``.
+    records given up at stop after the disk failed for ``STOP_RETRY_SECONDS``;
+    ``pruned_files`` / ``pruned_bytes``: complete files removed by retention
+    (``max_bytes`` / ``max_age``, oldest first).
     """
 
     def __init__(
@@ -72,6 +74,8 @@ class RoutingLog:
         rotate_bytes: int,
         rotate_seconds: float,
         queue_records: int,
+        max_bytes: int = 0,
+        max_age: float = 0.0,
         close_gate: Callable[[], None] = _noop,
         request_open: Callable[[], None] = _noop,
     ) -> None:
@@ -79,6 +83,9 @@ class RoutingLog:
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.queue_records = queue_records
+        # Retention: complete files beyond these (oldest first) are removed; 0 = no limit.
+        self.max_bytes = max_bytes
+        self.max_age = max_age
         self.low_water = queue_records // 2
         self.handoff_size = max(1, min(MAX_HANDOFF, queue_records // 4))
         self._close_gate = close_gate
@@ -90,6 +97,9 @@ class RoutingLog:
         self.files = 0
         self.errors = 0
         self.lost = 0
+        # Retention: complete files (and their bytes) removed as too old or over max_bytes.
+        self.pruned_files = 0
+        self.pruned_bytes = 0
         self.backpressure_closes = 0
         self.gate_closed = False
         # Set when the writer thread died of an unexpected exception.
@@ -164,6 +174,7 @@ class RoutingLog:
 
     def _run(self) -> None:
         try:
+            self._prune()
             while True:
                 f = self._file
                 timeout = None
@@ -229,6 +240,21 @@ class RoutingLog:
         self._retry(f.finish, f"finish {f.name}")
         self._file = None
         self.files += 1
+        self._prune()
+
+    def _prune(self) -> None:
+        """Apply retention; a failure is logged and retried at the next finished file."""
+        try:
+            pruned = self.directory.prune(self.max_bytes, self.max_age)
+        except OSError as exc:
+            self.errors += 1
+            log.error("routing log: retention pass failed: %s", exc)
+            return
+        if pruned.files:
+            self.pruned_files += pruned.files
+            self.pruned_bytes += pruned.bytes
+            log.info("routing log: removed %d old file(s), %d bytes (retention: max_bytes=%d, "
+                     "max_age=%gs)", pruned.files, pruned.bytes, self.max_bytes, self.max_age)
 
     def _retry(self, step: Callable[[], Any], what: str, first: OSError | None = None) -> Any:
         """Run ``step`` until it succeeds; ``first`` is the error of an attempt already made.

@@ -59,10 +59,20 @@ def test_fields_of_a_delivered_message(router):
     (rec,) = records([routed])
     assert list(rec) == list(FIELDS)
     assert rec == {
-        "time_us": 1718000000250000, "server": 0, "lname": pub.lname.decode(), "proto": "skan",
-        "group": "g", "instance": "i1", "to": "*", "seq": "42", "size": len(routed.frame),
+        "time_us": 1718000000250000, "server": 0, "lname": pub.lname.decode(),
+        "proto": "skan", "user": None, "group": "g", "instance": "i1", "to": "*", "seq": "42",
+        "size": len(routed.frame),
         "recipients": {"eventer": 1, "skan": 1}, "delivered": 2, "undeliverable": False,
     }
+
+
+def test_user_of_an_authenticated_sender(router):
+    from broker.core.auth import Principal
+
+    pub = sink(router)
+    pub.principal = Principal(name="sensor-7", perms=None, via="token")
+    (rec,) = records([send(router, pub)])
+    assert rec["user"] == "sensor-7"
 
 
 def test_undeliverable_and_directed(router):

@@ -471,4 +471,5 @@ async def test_cli_reports_a_refused_token(token_broker):
         capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT,
     )
     assert result.returncode == 1
-    assert b"mariner: server error: not authorised: client_token does not match" in result.stderr
+    assert b"skan-mariner: " in result.stderr and b"Traceback" not in result.stderr
+    assert b"server error: not authorised: client_token does not match" in result.stderr
