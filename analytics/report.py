@@ -124,8 +124,8 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
             F.min("time").alias("first"),
             F.max("time").alias("last"),
         ).collect()[0].asDict()
-        progress(f"report: {t['messages']:,} records read; aggregating")
         totals = {k: (v if v is not None else 0) for k, v in t.items()}
+        progress(f"report: {totals['messages']:,} records read; aggregating")
         totals["first"], totals["last"] = t["first"], t["last"]
         tables: dict[str, Table] = {}
 

@@ -86,10 +86,12 @@ def decode_request(payload: bytes) -> w.QueryParams:
         raise ValueError(f"bad cluster query: {exc!r}") from None
 
 
-def local_answer(params: w.QueryParams, store: RetentionStore, latest: LatestTable,
+def local_answer(params: w.QueryParams, store: RetentionStore, latest: LatestTable | None,
                  server_id: int) -> Gathered:
     """This broker's own events for ``params`` (no permission filter: the asker applies it)."""
-    answer = run_query(remote_params(params), store, latest, server_id)
+    if latest is None and isinstance(params, w.QueryLatestParams):
+        return Gathered([], False)  # no Eventer listener here: no latest table
+    answer = run_query(remote_params(params), store, latest, server_id)  # type: ignore[arg-type]
     return Gathered([(*e, server_id) for e in answer.entries], answer.more_follows)
 
 
@@ -184,6 +186,26 @@ def merge(params: w.QueryParams, answers: Iterable[Gathered]) -> Gathered:
             found = []  # as on one broker: a sentinel no longer retained ends the pages
     limit = _limit(params.max_results)
     return Gathered(found[:limit], more or len(found) > limit)
+
+
+def replay_queries(last: w.EventId, patterns: tuple[tuple[str, ...], ...]
+                   ) -> tuple[w.QueryServerParams, Any]:
+    """The two queries of a cluster-wide Mariner replay after ``last``.
+
+    First the event ``last`` itself, from the broker it entered (for its
+    timestamp); then, given that timestamp, every broker's events of the
+    client's ``patterns`` from then on, oldest first, cut after ``last``.
+    """
+    first = w.QueryServerParams(server_id=last.server, max_results=1,
+                                last_event_id=w.EventId(last.server, last.session,
+                                                        last.instance - 1))
+
+    def after(timestamp: float) -> w.QueryTimeseriesParams:
+        return w.QueryTimeseriesParams(event_types=patterns,
+                                       t_from=w.Timestamp.from_float(timestamp),
+                                       order=w.Order.ASCENDING, last_event_id=last)
+
+    return first, after
 
 
 def as_entry(e: tuple) -> Entry:

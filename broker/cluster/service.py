@@ -105,10 +105,19 @@ class ClusterLink:
         is called once, with entries carrying their server id (broker.cluster.query)."""
         own = cq.local_answer(params, store, latest, self.status.server_id)
         assert self.nursery is not None
-        self.nursery.start_soon(self._gather, params, own, done)
+        self.nursery.start_soon(self._answer_when_gathered, params, own, done)
 
-    async def _gather(self, params: Any, own: cq.Gathered,
-                      done: Callable[[list[tuple], bool], None]) -> None:
+    async def _answer_when_gathered(self, params: Any, own: cq.Gathered,
+                                    done: Callable[[list[tuple], bool], None]) -> None:
+        merged = await self._gather(params, own)
+        done(merged.entries, merged.more_follows)
+
+    async def gather(self, params: Any, store: Any, latest: Any) -> cq.Gathered:
+        """Every broker's answer to an Eventer query, merged (broker.cluster.query)."""
+        return await self._gather(params, cq.local_answer(params, store, latest,
+                                                          self.status.server_id))
+
+    async def _gather(self, params: Any, own: cq.Gathered) -> cq.Gathered:
         answers = [own]
         expected = len(self.brokers()) - 1
         if expected > 0 and self.status.up and self.queue is not None:
@@ -126,8 +135,7 @@ class ClusterLink:
                                 len(answers) - 1, expected, QUERY_TIMEOUT)
             finally:
                 del self.pending[reply]
-        merged = cq.merge(params, answers)
-        done(merged.entries, merged.more_follows)
+        return cq.merge(params, answers)
 
     def answered(self, msg: nats.Msg) -> None:
         """An answer to one of our queries arrived (reader task)."""
@@ -153,7 +161,7 @@ class ClusterLink:
             self.backplane.malformed += 1
             log.warning("cluster: bad query request: %s", exc)
             return
-        if ctx.retention is None or ctx.latest is None:
+        if ctx.retention is None:
             found = cq.Gathered([], False)
         else:
             found = cq.local_answer(params, ctx.retention, ctx.latest, self.status.server_id)

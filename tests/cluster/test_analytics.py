@@ -100,7 +100,9 @@ def test_report_counts_each_message_once(spark, two_logs, tmp_path):  # noqa: F8
     assert mix["skan"][3] == 34  # deliveries_out: every subscriber is a Skan client
     assert mix.get("cluster", [0])[0] == 0  # backplane records carry no messages
     assert {r[0]: r[1] for r in result.tables["undeliverable"].rows} == {"void": 3}
-    senders = sorted((r[1], r[2]) for r in result.tables["top_senders"].rows)
+    cols = result.tables["top_senders"].columns
+    senders = sorted((r[cols.index("proto")], r[cols.index("messages")])
+                     for r in result.tables["top_senders"].rows)
     assert senders == [("hsp", 4), ("skan", 19)]
 
 

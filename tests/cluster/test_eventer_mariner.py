@@ -3,12 +3,17 @@ hat-event clients: one EventId per event cluster-wide, queries that see every br
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
+from clients.mariner import MarinerClient
+from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
 from tests.hatpeer import PeerProcess
-from tests.peerenv import EVENTER09_PEER
+from tests.peerenv import EVENTER09_PEER, HAT08_PEER
+from tests.peerproc import PeerProcess as LinePeer
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 
@@ -75,3 +80,42 @@ async def test_queries_and_events_see_the_whole_cluster(two_brokers):
             after = await peer.call("query", kind="server", server_id=2,
                                     last_event_id=ids_b[0])
             assert [e["id"] for e in after["events"]] == ids_b[1:]
+
+
+async def test_mariner_replay_gathers_every_broker(two_brokers):
+    """A Hat Mariner client on broker b replays from an EventId of broker a: the events
+    after it, from both brokers, in time order, then live ones."""
+    a, b = two_brokers
+    async with (
+        SkanClient.connect(*a.skan) as pub_a,
+        SkanClient.connect(*b.skan) as pub_b,
+        MarinerClient.connect(*a.addr["mariner"], client_id="watch",
+                              subscriptions=[("rp", "*")]) as watcher,
+    ):
+        await watcher.barrier()
+        await trio.sleep(0.6)  # heartbeats and NATS interest
+        for i in range(6):
+            await (pub_a if i % 2 == 0 else pub_b).send("rp", str(i))
+            await trio.sleep(0.01)  # distinct timestamps across the brokers
+        await pub_a.send("other", "not subscribed")
+        seen = []
+        with trio.fail_after(10):
+            while len(seen) < 6:
+                seen += await watcher.receive()
+        assert [e.id.server for e in seen] == [1, 2, 1, 2, 1, 2]
+        last = seen[2].id  # from broker a; the client connects to broker b
+        peer = await LinePeer.start(
+            HAT08_PEER, "hat08_mariner_client.py", str(b.addr["mariner"][1]),
+            "--subscriptions", json.dumps([["rp", "*"]]),
+            "--last-event-id", f"{last.server},{last.session},{last.instance}",
+        )
+        async with peer:
+            assert await peer.line_with("connected", timeout=30)
+            replayed = [await peer.line_with("event") for _ in range(3)]
+            await trio.sleep(0.3)
+            await pub_a.send("rp", "live")
+            live = await peer.line_with("event")
+    assert [e["payload"]["data"] for e in replayed] == ["3", "4", "5"]
+    assert [tuple(e["id"]) for e in replayed] == [
+        (e.id.server, e.id.session, e.id.instance) for e in seen[3:]]
+    assert live["payload"]["data"] == "live" and live["id"][0] == 1
