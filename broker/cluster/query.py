@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -39,11 +39,14 @@ from broker.core.retention import (
 )
 from broker.protocols.eventer.query import (
     QUERY_LIMIT,
+    Answer,
     LatestTable,
     _limit,
     _source_ts,
     run_query,
+    run_store_query,
 )
+from broker.store import Store
 from wire import eventer as w
 from wire.eventer.messages import query_params_from_sbs, query_params_to_sbs
 
@@ -86,12 +89,27 @@ def decode_request(payload: bytes) -> w.QueryParams:
         raise ValueError(f"bad cluster query: {exc!r}") from None
 
 
-def local_answer(params: w.QueryParams, store: RetentionStore, latest: LatestTable | None,
-                 server_id: int) -> Gathered:
-    """This broker's own events for ``params`` (no permission filter: the asker applies it)."""
-    if latest is None and isinstance(params, w.QueryLatestParams):
-        return Gathered([], False)  # no Eventer listener here: no latest table
-    answer = run_query(remote_params(params), store, latest, server_id)  # type: ignore[arg-type]
+# This broker's own answer to a query (no permission filter: the asker applies it).
+LocalQuery = Callable[[w.QueryParams], Answer]
+
+
+def local_query(store: RetentionStore | Store, latest: LatestTable | None,
+                server_id: int) -> LocalQuery:
+    """Queries over this broker's store: the durable one, or the in-memory ring."""
+    if isinstance(store, Store):
+        return lambda params: run_store_query(params, store, server_id)
+
+    def ring(params: w.QueryParams) -> Answer:
+        if latest is None and isinstance(params, w.QueryLatestParams):
+            return Answer([], False)  # no Eventer listener here: no latest table
+        return run_query(params, store, latest, server_id)  # type: ignore[arg-type]
+
+    return ring
+
+
+def local_answer(params: w.QueryParams, local: LocalQuery, server_id: int) -> Gathered:
+    """This broker's own events for ``params``, with its server id."""
+    answer = local(remote_params(params))
     return Gathered([(*e, server_id) for e in answer.entries], answer.more_follows)
 
 

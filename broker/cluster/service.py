@@ -99,11 +99,11 @@ class ClusterLink:
     def up(self) -> bool:
         return self.status.up
 
-    def query(self, params: Any, store: Any, latest: Any,
+    def query(self, params: Any, local: cq.LocalQuery,
               done: Callable[[list[tuple], bool], None]) -> None:
         """Answer an Eventer query from every broker: ``done(entries, more_follows)``
         is called once, with entries carrying their server id (broker.cluster.query)."""
-        own = cq.local_answer(params, store, latest, self.status.server_id)
+        own = cq.local_answer(params, local, self.status.server_id)
         assert self.nursery is not None
         self.nursery.start_soon(self._answer_when_gathered, params, own, done)
 
@@ -112,9 +112,9 @@ class ClusterLink:
         merged = await self._gather(params, own)
         done(merged.entries, merged.more_follows)
 
-    async def gather(self, params: Any, store: Any, latest: Any) -> cq.Gathered:
+    async def gather(self, params: Any, local: cq.LocalQuery) -> cq.Gathered:
         """Every broker's answer to an Eventer query, merged (broker.cluster.query)."""
-        return await self._gather(params, cq.local_answer(params, store, latest,
+        return await self._gather(params, cq.local_answer(params, local,
                                                           self.status.server_id))
 
     async def _gather(self, params: Any, own: cq.Gathered) -> cq.Gathered:
@@ -164,7 +164,9 @@ class ClusterLink:
         if ctx.retention is None:
             found = cq.Gathered([], False)
         else:
-            found = cq.local_answer(params, ctx.retention, ctx.latest, self.status.server_id)
+            local = (ctx.eventer.query if ctx.eventer is not None
+                     else cq.local_query(ctx.retention, ctx.latest, self.status.server_id))
+            found = cq.local_answer(params, local, self.status.server_id)
         self.queue.push(nats.pub(msg.reply, cq.encode_answer(
             found, self.max_payload - cq.PAYLOAD_MARGIN)))
 

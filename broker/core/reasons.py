@@ -115,6 +115,9 @@ class DropReason(StrEnum):
     REFUSED_BY_PEER = "refused-by-peer"
     # Over the payload limit.
     TOO_LARGE = "too-large"
+    # Held for a persisted-notifications Eventer client, but the store failed
+    # to commit it (disk full, I/O error, writer overloaded).
+    NOT_PERSISTED = "not-persisted"
 
 
 class RefusalReason(StrEnum):

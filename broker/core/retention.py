@@ -48,10 +48,20 @@ def view(entry: Entry) -> Routed:
 
 
 class RetentionStore:
-    def __init__(self, size: int) -> None:
+    """The in-memory ring (``[store] enabled = false``; the store's reference in tests).
+
+    Bounded by ``size`` messages, ``max_bytes`` frame bytes (0: no byte bound)
+    and ``max_age`` seconds (0: no age bound, measured against the newest
+    message's timestamp); oldest first, every eviction counted.
+    """
+
+    def __init__(self, size: int, max_bytes: int = 0, max_age: float = 0.0) -> None:
         # size 0 disables retention (queries and replay then see nothing).
         self.size = size
-        self._items: deque[Entry] = deque(maxlen=size or 1)
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self._items: deque[Entry] = deque()
+        self.bytes = 0
         self.evicted = 0
         # (session, instance) of the newest evicted message: a replay that
         # starts before it has lost messages to the ring (a visible gap).
@@ -63,13 +73,19 @@ class RetentionStore:
 
     def add(self, routed: Routed) -> None:
         items = self._items
-        if len(items) == items.maxlen:
-            self.evicted += 1
-            gone = items[0]
-            self.evicted_upto = (gone[0], gone[1])
         header = routed.header
-        items.append((routed.session, routed.instance, routed.timestamp, routed.frame,
+        frame = routed.frame
+        items.append((routed.session, routed.instance, routed.timestamp, frame,
                       routed.delivered, header[b"group"], header[b"instance"]))
+        self.bytes += len(frame)
+        max_bytes = self.max_bytes
+        cutoff = routed.timestamp - self.max_age if self.max_age else None
+        while items and (len(items) > self.size or (max_bytes and self.bytes > max_bytes)
+                         or (cutoff is not None and items[0][TIMESTAMP] < cutoff)):
+            gone = items.popleft()
+            self.bytes -= len(gone[FRAME])
+            self.evicted += 1
+            self.evicted_upto = (gone[0], gone[1])
 
     def __len__(self) -> int:
         return len(self._items) if self.size else 0

@@ -35,6 +35,7 @@ from broker.core.router import Router
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
 from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
+from broker.store import Store
 
 if TYPE_CHECKING:
     from broker.runtime.context import BrokerContext
@@ -144,6 +145,7 @@ class BrokerCollector(Collector):
             yield _counter("skan_retention_evicted_messages",
                            "Messages evicted from the full retention store (oldest first).",
                            retention.evicted)
+            yield from _store(retention)
         yield _gauge("skan_uptime_seconds", "Seconds since the broker started.",
                      router.clock() - router.started)
 
@@ -416,3 +418,23 @@ def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",),
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     return registry
+
+
+def _store(retention: object) -> Iterator[Metric]:
+    """The durable store's writer (broker/store): absent when the store is disabled."""
+    if not isinstance(retention, Store):
+        return
+    stats = retention.stats
+    yield _gauge("skan_store_bytes", "Frame bytes of the retained messages on disk.",
+                 retention.bytes)
+    yield _gauge("skan_store_pending", "Operations queued for the store's writer thread.",
+                 retention.pending())
+    yield _counter("skan_store_commits", "Store transactions committed.", stats.commits)
+    yield _counter("skan_store_written_messages", "Routed messages committed to the store.",
+                   stats.events_written)
+    yield _counter("skan_store_failed_commits",
+                   "Store transactions that failed (disk full, I/O error); routing went on.",
+                   stats.failed_commits)
+    yield _counter("skan_store_unpersisted_messages",
+                   "Routed messages never persisted: their commit failed or the writer was "
+                   "too far behind.", stats.failed_events + stats.overload)

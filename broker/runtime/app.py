@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 import trio
 
-from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.reload import reload_config
 from broker.runtime.services import services
+from broker.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,17 @@ async def run(
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)
     ctx.router.auth = build_authenticator(config)
-    ctx.retention = RetentionStore(config.retention.size)
-    ctx.retention.attach(ctx.router)
+    try:
+        await _run(config, ctx, enabled, ready, stop, ctx_out)
+    finally:
+        if isinstance(ctx.retention, Store):
+            # Commit what is queued (a graceful stop loses nothing).
+            ctx.retention.close()
+
+
+async def _run(config: Config, ctx: BrokerContext, enabled: list,
+               ready: Callable[[list[str]], None], stop: trio.Event | None,
+               ctx_out: list[BrokerContext] | None) -> None:
     if ctx_out is not None:
         ctx_out.append(ctx)
     if stop is None:

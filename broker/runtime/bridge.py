@@ -25,6 +25,7 @@ from broker.core.inject import Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
+from broker.store.spool import BridgeSpool
 from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -70,17 +71,26 @@ class BufferedBridgeEndpoint(Endpoint):
 
     batched = False
 
-    def __init__(self, protocol: str, status: BridgeStatus, limit: int) -> None:
+    def __init__(self, protocol: str, status: BridgeStatus, limit: int,
+                 spool: BridgeSpool | None = None) -> None:
         super().__init__()
         self.protocol = protocol
         self.status = status
         self.limit = limit
-        self.pending: deque[Routed] = deque()
+        # The durable copy of the buffer (broker/store/spool.py): messages
+        # are spooled on delivery and unspooled once acknowledged or dropped.
+        self.spool = spool or BridgeSpool(None, status.name)
+        self.pending: deque[Routed] = deque(self.spool.restore())
         self._ready = trio.Event()
+        if self.pending:
+            log.info("bridge %s: %d unacknowledged messages restored from the store",
+                     status.name, len(self.pending))
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
+        self.spool.added(routed)
         if len(self.pending) >= self.limit:
             dropped = self.pending.popleft()
+            self.spool.removed(dropped)
             self.status.overflow += 1
             self.dropped += 1
             log.warning(

@@ -195,6 +195,23 @@ class LogSection:
 class RetentionSection:
     # Routed messages kept for Eventer queries and Mariner replay (a ring).
     size: int = attrs.field(default=100_000, validator=_non_negative)
+    # Bytes of retained frames (0: no byte bound); oldest evicted first.
+    max_bytes: int = attrs.field(default=256 * MiB, validator=_non_negative)
+    # Seconds a retained message is kept (0: no age bound).
+    max_age: float = attrs.field(default=0.0, validator=_non_negative)
+
+
+@attrs.frozen
+class StoreSection:
+    # The durable store (docs/store.md); off: retention in memory only and
+    # nothing is reported persisted.
+    enabled: bool = True
+    # Directory of the store; empty: "store" beside the routing-log directory.
+    dir: str = ""
+    # Seconds the writer gathers routed messages into one transaction: bounds
+    # what a power loss or SIGKILL can take and how late persisted
+    # notifications come.
+    flush_interval: float = attrs.field(default=0.01, validator=_positive)
 
 
 @attrs.frozen
@@ -301,6 +318,7 @@ class Config:
     metrics: MetricsSection = MetricsSection()
     log: LogSection = LogSection()
     retention: RetentionSection = RetentionSection()
+    store: StoreSection = StoreSection()
     auth: AuthSection = AuthSection()
     bridges: tuple[BridgeSection, ...] = ()
     users: tuple[UserSection, ...] = ()
@@ -316,6 +334,7 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "log": LogSection,
     "retention": RetentionSection,
+    "store": StoreSection,
     "auth": AuthSection,
     "cluster": ClusterSection,
 }

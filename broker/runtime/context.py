@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from broker.protocols.eventer.listener import EventerService
     from broker.protocols.eventer.query import LatestTable
     from broker.runtime.bridge import BridgeStatus
+    from broker.store import Store
 
 
 @attrs.define(eq=False)
@@ -44,7 +45,8 @@ class BrokerContext:
     # Bridge status objects, one per [[bridges]] entry (metrics export them).
     bridges: list[BridgeStatus] = attrs.Factory(list)
     # Optional components, set by the service that owns them (None when off).
-    retention: RetentionStore | None = None
+    # The durable store, or the in-memory ring with [store] enabled = false.
+    retention: Store | RetentionStore | None = None
     routelog: RoutingLog | None = None
     eventer: EventerService | None = None
     latest: LatestTable | None = None

@@ -6,7 +6,7 @@ closed, subscriptions no longer permitted are removed.  Limits (per-user and
 per-listener ``max_connections``, ``[broker]`` limits) apply to connections
 accepted from then on.  A file that does not validate is refused with its key
 and reason in the log, and the running configuration stays.  Host, port,
-server id, listener, bridge, log and retention changes need a restart; the
+server id, listener, bridge, log, retention and store changes need a restart; the
 log says so.
 """
 
@@ -36,7 +36,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
     for key in ("host", "server_id"):
         if getattr(old.broker, key) != getattr(new.broker, key):
             keys.append(f"broker.{key}")
-    for section in ("log", "retention", "cluster"):
+    for section in ("log", "retention", "store", "cluster"):
         if getattr(old, section) != getattr(new, section):
             keys.append(f"[{section}]")
     for name in (*AUTH_LISTENERS, "metrics"):

@@ -20,6 +20,7 @@ from broker.protocols.mariner.listener import serve_mariner
 from broker.protocols.skan.listener import serve_skan
 from broker.runtime.bridges import serve_bridges
 from broker.runtime.config import Config
+from broker.store.service import serve_store
 
 Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
 
@@ -28,6 +29,9 @@ def services() -> list[Service]:
     return [
         # First: the log observes every message from the first one routed.
         ("routelog", lambda c: c.log.enabled, serve_routelog),
+        # Before anything routes: retention (durable or in memory) and the
+        # session numbering continued from the store.
+        ("store", lambda c: True, serve_store),
         # Before the listeners: a duplicate server id must stop the start-up.
         ("cluster", lambda c: c.cluster.enabled, serve_cluster),
         ("skan", lambda c: True, serve_skan),

@@ -67,12 +67,12 @@ class Driver:
         self.statuses.append(status.value)
 
     async def op_connect(self, port, name="test/client", token=None, subscriptions=(),
-                         ping_delay=30, ping_timeout=10, server_id=None):
+                         ping_delay=30, ping_timeout=10, server_id=None, persisted=False):
         try:
             self.client = await eventer.connect(
                 net.TcpAddress("127.0.0.1", port), name, client_token=token,
                 subscriptions=[tuple(s) for s in subscriptions], server_id=server_id,
-                events_cb=self.on_events, status_cb=self.on_status,
+                persisted=persisted, events_cb=self.on_events, status_cb=self.on_status,
                 ping_delay=ping_delay, ping_timeout=ping_timeout)
         except eventer.EventerInitError as e:
             return {"init_error": str(e)}

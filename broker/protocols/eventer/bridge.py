@@ -14,9 +14,10 @@ Notifications are acknowledged by the client.
 
 Outgoing: buffered local messages are registered remotely with a response,
 up to :data:`REGISTER_BATCH` per request, one request at a time; a message
-leaves the buffer once the server answered (at-least-once across
-reconnects).  A MsgRegisterRes failure drops the batch (re-sending what the
-server refuses would loop), logged and counted in the endpoint's ``dropped``.
+leaves the buffer (and, with the store, its on-disk spool) once the server
+answered (at-least-once across reconnects and broker restarts).  A
+MsgRegisterRes failure drops the batch (re-sending what the server refuses
+would loop), logged and counted in the endpoint's ``dropped``.
 
 Echo loops: messages the bridge routes in are never delivered back to it
 (the router skips the sender), so remote events are not registered back.
@@ -53,6 +54,7 @@ from broker.runtime.bridge import (
 )
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
+from broker.store.spool import BridgeSpool
 from clients.eventer import EventerClient
 from wire import eventer as w
 
@@ -101,7 +103,8 @@ class EventerBridge:
         self.cfg = cfg
         self.status = status
         self.server_id = ctx.config.broker.server_id
-        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_EVENTER, status, cfg.buffer)
+        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_EVENTER, status, cfg.buffer,
+                                         BridgeSpool.of(ctx.retention, status.name))
         self.echo: OrderedDict[w.EventId, None] = OrderedDict()
         self._seq = itertools.count(1)
         # Register requests sent and answered on the current connection.
@@ -155,7 +158,7 @@ class EventerBridge:
             # The buffer may have dropped its oldest meanwhile: remove by identity.
             sent = {id(r) for r in batch}
             while pending and id(pending[0]) in sent:
-                pending.popleft()
+                self.ep.spool.removed(pending.popleft())
             if result is None:
                 self.ep.dropped += len(batch)
                 log.warning("bridge %s: the server refused to register %d events; dropped",

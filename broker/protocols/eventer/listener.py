@@ -24,13 +24,20 @@ import trio
 from broker.core import events
 from broker.core.inject import route_injected
 from broker.core.queue import QueuedEndpoint
-from broker.core.reasons import CloseReason, ErrorKind, Protocol
+from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
-from broker.protocols.eventer.query import LatestTable, run_query
+from broker.protocols.eventer.query import (
+    Answer,
+    LatestTable,
+    Visible,
+    run_query,
+    run_store_query,
+)
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
+from broker.store import Store
 from wire import eventer as w
 from wire.errors import ProtocolError
 
@@ -58,11 +65,18 @@ class EventerService:
         self.server_id = ctx.config.broker.server_id
         self.status = w.Status.OPERATIONAL
         assert ctx.retention is not None, "the retention store starts before the listeners"
-        self.store: RetentionStore = ctx.retention
-        self.latest = LatestTable(self.store.size)
+        self.store: RetentionStore | Store = ctx.retention
+        # Durable: queries from the store, persisted notifications after commit.
+        # In memory: the ring plus a latest table, and nothing is persisted.
+        self.durable = isinstance(self.store, Store)
+        self.latest = LatestTable(0 if self.durable else self.store.size)
         self.latest.attach(self.router)
         ctx.latest = self.latest
         self.connections: set[EventerEndpoint] = set()
+        # Connections that asked for persisted notifications (MsgInitReq persisted).
+        self.persisted: set[EventerEndpoint] = set()
+        if isinstance(self.store, Store):
+            self.store.on_report.append(self.on_persisted)
         # Every Eventer recipient of a message gets the same bytes: the last
         # encoding is kept (deliveries of one message are consecutive).
         self._last_routed: Routed | None = None
@@ -79,6 +93,17 @@ class EventerService:
         if len(entry) > 7:  # gathered from a cluster: the origin's server id follows
             routed.server = entry[7]
         return fast_encode_routed(routed, self.server_id)
+
+    def on_persisted(self, upto: tuple[int, int], ok: bool) -> None:
+        """The store committed (or failed to commit) every message up to EventId ``upto``."""
+        for conn in list(self.persisted):
+            conn.persisted_upto(upto, ok)
+
+    def query(self, params: w.QueryParams, visible: Visible = None) -> Answer:
+        """From the store (or the ring); ``visible`` leaves out what the client may not read."""
+        if isinstance(self.store, Store):
+            return run_store_query(params, self.store, self.server_id, visible)
+        return run_query(params, self.store, self.latest, self.server_id, visible)
 
     def stopping(self) -> None:
         """Graceful stop began: tell every client (MsgStatusNotify stopping)."""
@@ -106,6 +131,11 @@ class EventerEndpoint(QueuedEndpoint):
         self.backlog: deque[list[bytes]] = deque()
         self.backlog_bytes = 0
         self.seq = 0
+        # MsgInitReq persisted: batches wait in ``unpersisted`` (with the
+        # EventId of their last message) until the store has committed them.
+        self.persisted = False
+        self.unpersisted: deque[tuple[tuple[int, int], list[bytes]]] = deque()
+        self._batch_last = (0, 0)
         # Set by the trio layer to its clock; any monotonic clock works.
         self.now: Callable[[], float] = time.monotonic
         # Set by the trio layer: called when a conversation deadline was added.
@@ -117,12 +147,37 @@ class EventerEndpoint(QueuedEndpoint):
         if self.closed:
             return
         self.batch.append(self.service.encode(routed))
+        self._batch_last = (routed.session, routed.instance)
         self.msgs_out += 1
 
     def flush(self) -> None:
         batch, self.batch = self.batch, []
         if not batch or self.closed:
             return
+        if self.persisted:
+            size = sum(map(len, batch))
+            if self.backlog_bytes + size > self.queue.limit:
+                self.overflow(len(batch))
+                return
+            self.unpersisted.append((self._batch_last, batch))
+            self.backlog_bytes += size
+            return
+        self._send_batch(batch)
+
+    def persisted_upto(self, upto: tuple[int, int], ok: bool) -> None:
+        """Notify (``ok``) or forget (not persisted) the batches committed up to ``upto``."""
+        held = self.unpersisted
+        while held and held[0][0] <= upto and not self.closed:
+            _, batch = held.popleft()
+            self.backlog_bytes -= sum(map(len, batch))
+            if ok:
+                self._send_batch(batch)
+                continue
+            self.dropped += len(batch)
+            for _ in batch:
+                self.router.counters.drop(Protocol.EVENTER, DropReason.NOT_PERSISTED)
+
+    def _send_batch(self, batch: list[bytes]) -> None:
         if self.proto.credit > 0 and not self.backlog:
             self._notify(batch)
             return
@@ -213,7 +268,14 @@ class EventerEndpoint(QueuedEndpoint):
         if reason is not None:
             self._refuse(req, reason, ErrorKind.INIT_REFUSED)
             return
-        if r.server_id is None or r.server_id == self.service.server_id:
+        self.persisted = r.persisted
+        if r.persisted and not self.service.durable:
+            # Without the store nothing is persisted: no persisted notifications.
+            log.info("eventer %s (%s): persisted notifications asked for, but the store is "
+                     "disabled: none will come", self.lname.decode(), r.client_name)
+        elif r.server_id is None or r.server_id == self.service.server_id:
+            if r.persisted:
+                self.service.persisted.add(self)
             for pattern in r.subscriptions:
                 try:
                     self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
@@ -278,10 +340,9 @@ class EventerEndpoint(QueuedEndpoint):
         cluster = svc.ctx.cluster
         if cluster is not None and cluster.up():
             # BROKER-SPEC 8: every broker's events, merged; answered when gathered.
-            cluster.query(req.params, svc.store, svc.latest,
-                          partial(self._answer, req.conv, visible))
+            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible))
             return
-        answer = run_query(req.params, svc.store, svc.latest, svc.server_id, visible)
+        answer = svc.query(req.params, visible)
         self._answer(req.conv, None, answer.entries, answer.more_follows)
 
     def _answer(self, conv: Any, visible: Callable[[Entry], bool] | None,
@@ -301,6 +362,7 @@ class EventerEndpoint(QueuedEndpoint):
 
     def on_closed(self) -> None:
         self.service.connections.discard(self)
+        self.service.persisted.discard(self)
 
     def send_ping(self) -> None:
         if self.proto.chatter.envelope is not None:

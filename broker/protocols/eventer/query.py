@@ -1,14 +1,25 @@
 """Eventer queries (latest, timeseries, server) over the retained routed messages.
 
-Pure.  Timeseries and server queries scan the retention store's raw entries
-(group and instance are in each entry, so type filters decode nothing) and
-decode only the messages they return.  Latest events come from a table of
-the newest message per (group, instance), fed by a router observer and
-bounded like the store: the newest event of a type stays known after the
-ring has let its older messages go, as Hat's latest query expects.
+Two sources answer them with the same results for the same history:
 
-Every routed message counts as persisted: ``persisted`` flags in queries and
-subscriptions select the same events.
+- the durable store (:class:`broker.store.Store`, the default): latest from
+  its latest table, timeseries by index ((group, timestamp), timestamp or
+  source timestamp) walked in result order with keyset pagination, server
+  queries by EventId (:func:`run_store_query`);
+- the in-memory ring (:class:`RetentionStore` plus :class:`LatestTable`),
+  used when ``[store] enabled = false`` and kept as the reference the store
+  is tested against (:func:`run_query`): timeseries and server queries scan
+  its raw entries (group and instance are in each entry, so type filters
+  decode nothing) and decode only the messages they return.
+
+Latest events come from a table of the newest message per (group, instance),
+bounded like the ring: the newest event of a type stays known after the ring
+has let its older messages go, as Hat's latest query expects.
+
+``persisted``: with the store, a server query sees only committed messages
+(it commits what is queued first, so that is every message routed before
+it); without the store nothing is persisted and ``persisted`` server queries
+return nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from broker.core.retention import (
     view,
 )
 from broker.core.router import Routed, Router, event_type, matches
+from broker.store import Store
 from wire import eventer as w
 
 # Most events one query response carries, whatever maxResults asks: bounds
@@ -83,13 +95,22 @@ class LatestTable:
 def _type_filter(event_types: tuple[w.EventType, ...] | None):
     if event_types is None:
         return None
-    patterns = [events.pattern_bytes(t) for t in event_types]
+    accept_type = _group_instance_filter(event_types)
 
     def accept(entry: Entry) -> bool:
-        etype = event_type(entry[GROUP], entry[INSTANCE_NAME])
-        return any(matches(p, etype) for p in patterns)
+        return accept_type(entry[GROUP], entry[INSTANCE_NAME])
 
     return accept
+
+
+def _group_instance_filter(event_types: tuple[w.EventType, ...]):
+    patterns = [events.pattern_bytes(t) for t in event_types]
+
+    def accept_type(group: bytes, instance: bytes) -> bool:
+        etype = event_type(group, instance)
+        return any(matches(p, etype) for p in patterns)
+
+    return accept_type
 
 
 def _limit(max_results: int | None) -> int:
@@ -175,7 +196,8 @@ def query_timeseries(params: w.QueryTimeseriesParams, store: RetentionStore,
 
 def query_server(params: w.QueryServerParams, store: RetentionStore, server_id: int,
                  visible: Visible = None) -> Answer:
-    if params.server_id != server_id:
+    if params.server_id != server_id or params.persisted:
+        # In memory only: nothing is persisted.
         return Answer([], False)
     last = params.last_event_id
     if last is None or last.server < server_id:
@@ -195,3 +217,99 @@ def run_query(params: w.QueryParams, store: RetentionStore, latest: LatestTable,
     if isinstance(params, w.QueryTimeseriesParams):
         return query_timeseries(params, store, server_id, visible)
     return query_server(params, store, server_id, visible)
+
+
+# ---- the durable store ---------------------------------------------------------------
+
+
+def _literal_groups(event_types: tuple[w.EventType, ...] | None) -> list[bytes] | None:
+    """The groups the patterns can match, or None when one matches any group."""
+    if event_types is None:
+        return None
+    groups: list[bytes] = []
+    for pattern in event_types:
+        if not pattern:
+            continue  # the empty pattern matches no event type
+        if pattern[0] in ("*", "?"):
+            return None
+        groups.append(pattern[0].encode())
+    return list(dict.fromkeys(groups))
+
+
+def store_latest(params: w.QueryLatestParams, store: Store, visible: Visible = None) -> Answer:
+    accept = _type_filter(params.event_types)
+    found = _only([e for e in store.latest_entries(_literal_groups(params.event_types))
+                   if accept is None or accept(e)], visible)
+    found.sort(key=lambda e: (e[SESSION], e[INSTANCE]))
+    return _cap(found, QUERY_LIMIT)
+
+
+def store_timeseries(params: w.QueryTimeseriesParams, store: Store, server_id: int,
+                     visible: Visible = None) -> Answer:
+    accept = _type_filter(params.event_types)
+    groups = _literal_groups(params.event_types)
+    t_from, t_to = _wire_us(params.t_from), _wire_us(params.t_to)
+    s_from, s_to = _wire_us(params.source_t_from), _wire_us(params.source_t_to)
+    by_source = params.order_by is w.OrderBy.SOURCE_TIMESTAMP
+    source_filter = by_source or s_from is not None or s_to is not None
+    limit = _limit(params.max_results)
+    after = None
+    last = params.last_event_id
+    if last is not None:
+        # The sentinel must be one of the results (else, as in the Eventer
+        # text, everything before it was discarded and nothing follows).
+        hit = store.entry(last.session, last.instance) if last.server == server_id else None
+        if hit is None:
+            return Answer([], False)
+        entry, src = hit
+        ts_us = _us(entry[TIMESTAMP])
+        if ((accept is not None and not accept(entry))
+                or (visible is not None and not visible(entry))
+                or (t_from is not None and ts_us < t_from)
+                or (t_to is not None and ts_us > t_to)
+                or (source_filter and (src is None or (s_from is not None and src < s_from)
+                                       or (s_to is not None and src > s_to)))):
+            return Answer([], False)
+        after = (src if by_source else entry[TIMESTAMP], entry[SESSION], entry[INSTANCE])
+    found: list[Entry] = []
+    for entry, _src in store.ordered(
+            by_source=by_source, descending=params.order is w.Order.DESCENDING, groups=groups,
+            t_from=t_from, t_to=t_to, s_from=s_from, s_to=s_to, after=after,
+            accept_type=None if params.event_types is None
+            else _group_instance_filter(params.event_types)):
+        if (accept is None or accept(entry)) and (visible is None or visible(entry)):
+            found.append(entry)
+            if len(found) > limit:
+                break
+    return _cap(found, limit)
+
+
+def store_server(params: w.QueryServerParams, store: Store, server_id: int,
+                 visible: Visible = None) -> Answer:
+    if params.server_id != server_id:
+        return Answer([], False)
+    limit = _limit(params.max_results)
+    last = params.last_event_id
+    if last is not None and last.server > server_id:
+        return Answer([], False)
+    cursor = (-1, -1) if last is None or last.server < server_id else (last.session,
+                                                                       last.instance)
+    found: list[Entry] = []
+    while len(found) <= limit:
+        # Pages of the EventId order until one more than the limit is visible.
+        page = store.entries_after(*cursor, limit + 1)
+        found += _only(page, visible)
+        if len(page) <= limit:
+            break
+        cursor = (page[-1][SESSION], page[-1][INSTANCE])
+    return _cap(found, limit)
+
+
+def run_store_query(params: w.QueryParams, store: Store, server_id: int,
+                    visible: Visible = None) -> Answer:
+    """Answer a query from the durable store (same answers as :func:`run_query`)."""
+    if isinstance(params, w.QueryLatestParams):
+        return store_latest(params, store, visible)
+    if isinstance(params, w.QueryTimeseriesParams):
+        return store_timeseries(params, store, server_id, visible)
+    return store_server(params, store, server_id, visible)

@@ -11,7 +11,9 @@ peer ACKs it; on ERROR/ERROR_UNDEF it is dropped (re-sending a refused
 message would loop forever), logged and counted as dropped (reason
 ``refused-by-peer``).  At most :data:`WINDOW` messages are in flight; when the
 connection fails they go back to the front of the buffer, in order, and are
-re-sent after the reconnect (at-least-once).  The buffer holds at most
+re-sent after the reconnect (at-least-once).  With the store, the buffer
+is also spooled on disk until the ACK (docs/store.md), so a restart re-sends
+what was not acknowledged.  The buffer holds at most
 ``buffer`` messages; beyond that the oldest is dropped, logged and counted
 in ``BridgeStatus.overflow``.
 
@@ -47,6 +49,7 @@ from broker.runtime.bridge import (
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import RECV_SIZE, write_loop
+from broker.store.spool import BridgeSpool
 from clients.common import idle_pinger
 from wire.errors import ProtocolError
 from wire.hsp import (
@@ -92,14 +95,15 @@ class HSPBridge:
     """State that outlives connections: the endpoint, its buffer and what is in flight."""
 
     def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus,
-                 max_payload: int, ping_delay: float, ping_timeout: float) -> None:
+                 max_payload: int, ping_delay: float, ping_timeout: float,
+                 spool: BridgeSpool | None = None) -> None:
         self.router = router
         self.cfg = cfg
         self.status = status
         self.max_payload = max_payload
         self.ping_delay = ping_delay
         self.ping_timeout = ping_timeout
-        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_HSP, status, cfg.buffer)
+        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_HSP, status, cfg.buffer, spool)
         self.group = cfg.group.encode()
         self.instance = cfg.instance.encode()
         self.window = min(WINDOW, cfg.buffer)
@@ -119,11 +123,17 @@ class HSPBridge:
         excess = len(pending) - self.cfg.buffer
         if excess > 0:
             for _ in range(excess):
-                pending.popleft()
+                self.ep.spool.removed(pending.popleft())
             self.status.overflow += excess
             self.ep.dropped += excess
             log.warning("bridge %s buffer full (%d): dropped the %d oldest unacknowledged "
                         "messages", self.status.name, self.cfg.buffer, excess)
+
+    def unspool(self, message_id: int) -> None:
+        """The peer refused a message: it leaves the buffer (and the spool) for good."""
+        refused = self.inflight.pop(message_id, None)
+        if refused is not None:
+            self.ep.spool.removed(refused)
 
     # ---- incoming -------------------------------------------------------------
 
@@ -244,11 +254,13 @@ class _Link:
         bridge = self.bridge
         t = type(ev)
         if t is Ack:
-            if bridge.inflight.pop(ev.message_id, None) is not None:
+            acked = bridge.inflight.pop(ev.message_id, None)
+            if acked is not None:
+                bridge.ep.spool.removed(acked)
                 bridge.status.sent += 1
             self._acked.set()
         elif t is Error or t is ErrorUndef:
-            bridge.inflight.pop(ev.message_id, None)
+            bridge.unspool(ev.message_id)
             bridge.router.counters.drop(Protocol.BRIDGE_HSP, DropReason.REFUSED_BY_PEER)
             detail = f"ERROR {ev.type}: {ev.reason}" if t is Error else "ERROR_UNDEF"
             bridge.status.last_error = f"peer refused a message ({detail})"
@@ -267,7 +279,7 @@ class _Link:
             if ev.command == DATA_ACK:
                 self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, reason.encode())))
             elif ev.command == ERROR:
-                bridge.inflight.pop(ev.message_id, None)
+                bridge.unspool(ev.message_id)
                 bridge.router.counters.drop(Protocol.BRIDGE_HSP, DropReason.REFUSED_BY_PEER)
                 self._acked.set()
             else:
@@ -280,5 +292,6 @@ async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeS
     """Runner for ``[[bridges]] protocol = "hsp"`` (see broker.runtime.bridges)."""
     hsp = ctx.config.hsp
     bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
-                       hsp.ping_delay, hsp.ping_timeout)
+                       hsp.ping_delay, hsp.ping_timeout,
+                       BridgeSpool.of(ctx.retention, status.name))
     await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)

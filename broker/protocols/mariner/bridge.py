@@ -14,8 +14,10 @@ Resuming: the bridge remembers the id of the last event it routed and sends
 it as ``last_event_id`` on every reconnect, so a server that keeps history
 (Hat's own, or another Skan broker) replays what was missed.  Events at or
 before that id (same server) are dropped, so a server that resends
-overlapping history creates no duplicates.  The id is kept in memory: after
-a broker restart the bridge starts with new events only.
+overlapping history creates no duplicates.  With the store the id is also
+kept on disk (written behind, once per events message), so after a broker
+restart the bridge resumes where it was; without it the bridge starts with
+new events only.
 
 Mariner clients only receive, so nothing flows from this broker to the
 remote server; a message directed at the bridge's lname is counted as
@@ -34,6 +36,7 @@ from broker.runtime.bridge import BridgeStatus, bridge_route, open_bridge_stream
 from broker.runtime.config import BridgeSection
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import relieve_congestion
+from broker.store.spool import BridgeSpool
 from clients.mariner import MarinerClient
 from wire import mariner as mw
 from wire.errors import ProtocolError
@@ -60,7 +63,7 @@ class MarinerBridge:
 
     def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus, *,
                  max_frame: int, ping_delay: float, ping_timeout: float,
-                 grace: float) -> None:
+                 grace: float, spool: BridgeSpool | None = None) -> None:
         self.router = router
         self.cfg = cfg
         self.status = status
@@ -69,7 +72,9 @@ class MarinerBridge:
         self.ping_timeout = ping_timeout
         self.grace = grace
         self.ep = MarinerBridgeEndpoint(router)
-        self.last_event_id: mw.EventId | None = None
+        self.spool = spool or BridgeSpool(None, status.name)
+        resume = self.spool.resume_point()
+        self.last_event_id: mw.EventId | None = None if resume is None else mw.EventId(*resume)
         self.skipped = 0
         self._seq = 0
 
@@ -77,11 +82,15 @@ class MarinerBridge:
 
     def route_in(self, events: tuple[mw.Event, ...]) -> None:
         """Route one events message (one remote session) as one local routing batch."""
+        before = self.last_event_id
         try:
             for event in events:
                 self._route_event(event)
         finally:
             self.router.end_batch()
+            last = self.last_event_id
+            if last is not None and last != before:
+                self.spool.set_resume(last.server, last.session, last.instance)
 
     def _route_event(self, event: mw.Event) -> None:
         last = self.last_event_id
@@ -151,6 +160,7 @@ async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
         ctx.router, cfg, status, max_frame=ctx.config.broker.max_frame,
         ping_delay=section.ping_delay, ping_timeout=section.ping_timeout,
         grace=ctx.config.broker.slow_consumer_grace,
+        spool=BridgeSpool.of(ctx.retention, status.name),
     )
     # Mariner clients only receive: the bridge subscribes to nothing locally.
     await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session, subscribe=False)

@@ -294,7 +294,8 @@ class MarinerEndpoint(QueuedEndpoint):
         try:
             first, after = cq.replay_queries(
                 w.EventId(last.server, last.session, last.instance), patterns)
-            found = await cluster.gather(first, retention, None)
+            local = cq.local_query(retention, None, self.server_id)
+            found = await cluster.gather(first, local)
             sentinel = [e for e in found.entries
                         if (e[cq.SERVER], e[0], e[1]) == (last.server, last.session,
                                                           last.instance)]
@@ -302,7 +303,7 @@ class MarinerEndpoint(QueuedEndpoint):
                 log.info("mariner %s (%s): last_event_id %r is not retained by any broker: "
                          "no replay", self.lname.decode(), self.client_id, last)
                 return
-            found = await cluster.gather(after(sentinel[0][2]), retention, None)
+            found = await cluster.gather(after(sentinel[0][2]), local)
             if found.more_follows and not self.replay_gap:
                 self.replay_gap = True
                 log.warning("mariner %s (%s): cluster replay limited to %d events",

@@ -319,6 +319,7 @@ async def test_per_message_bookkeeping_follows_enabled(enabled):
         "skan": {"port": 0}, "metrics": {"enabled": enabled, "port": 0},
         "hsp": {"enabled": False}, "eventer": {"enabled": False},
         "mariner": {"enabled": False}, "log": {"enabled": False},
+        "store": {"enabled": False},
     })
     ctxs: list = []
     lines: list[str] = []

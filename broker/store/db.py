@@ -1,0 +1,190 @@
+"""The on-disk store: one SQLite database in WAL mode, its schema and its start-up check.
+
+Layout (docs/store.md has the full description):
+
+- ``meta(key, value)``: the marker (``magic``), ``schema_version``, the
+  session ceiling and the running totals of the events table;
+- ``runs``: the retained routed messages, consecutive messages of one
+  type and one session in one row (broker/store/runs.py), in routing
+  (= EventId) order; indexed by EventId, by first and by last timestamp
+  (alone and after the group) and by source timestamp;
+- ``latest``: the newest message per (group, instance), least recently
+  updated evicted first;
+- ``spool``: the bridges' unacknowledged messages, per bridge;
+- ``resume``: a bridge's resume point (Mariner ``last_event_id``).
+
+Opening never empties anything: a directory whose database lacks the
+marker, carries another schema version or fails SQLite's own check is
+refused with :class:`StoreError` naming the path and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+DB_NAME = "store.sqlite3"
+MAGIC = "skan-broker event store"
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE runs (
+    run INTEGER PRIMARY KEY,
+    session INTEGER NOT NULL,
+    first INTEGER NOT NULL,
+    last INTEGER NOT NULL,
+    grp BLOB NOT NULL,
+    inst BLOB NOT NULL,
+    min_ts REAL NOT NULL,
+    max_ts REAL NOT NULL,
+    src_us INTEGER,
+    bytes INTEGER NOT NULL,
+    ts BLOB NOT NULL,
+    delivered BLOB NOT NULL,
+    offsets BLOB NOT NULL,
+    frames BLOB NOT NULL
+);
+CREATE UNIQUE INDEX runs_id ON runs (session, first);
+CREATE INDEX runs_min ON runs (min_ts, session, first);
+CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
+CREATE INDEX runs_max ON runs (max_ts, session, last);
+CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
+CREATE INDEX runs_src ON runs (src_us, session, first, grp, min_ts) WHERE src_us IS NOT NULL;
+CREATE TABLE latest (
+    grp BLOB NOT NULL,
+    inst BLOB NOT NULL,
+    seq INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    delivered INTEGER NOT NULL,
+    frame BLOB NOT NULL,
+    PRIMARY KEY (grp, inst)
+);
+CREATE INDEX latest_seq ON latest (seq);
+CREATE TABLE spool (
+    bridge TEXT NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    frame BLOB NOT NULL,
+    PRIMARY KEY (bridge, session, instance)
+);
+CREATE TABLE resume (
+    bridge TEXT PRIMARY KEY,
+    server INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL
+);
+"""
+
+# Milliseconds a connection waits for the other one's lock (the writer
+# thread against a query's flush) before SQLite reports "database is locked".
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StoreError(OSError):
+    """The store directory cannot be used; the message names the path and the reason.
+
+    An OSError, so the command line reports it like any other start-up failure.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"store {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
+    """One connection with the store's settings (WAL, fsync of every commit)."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if not readonly:
+        # WAL: readers (queries) never block the writer.  synchronous FULL:
+        # a commit is on disk (WAL fsynced) when it returns, so a power loss
+        # takes at most what was not yet committed (flush_interval).
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"cannot switch to WAL mode (got {mode})")
+        conn.execute("PRAGMA synchronous = FULL")
+        # Some builds zero deleted content (SQLITE_SECURE_DELETE): evicting
+        # would then write every evicted byte once more.
+        conn.execute("PRAGMA secure_delete = OFF")
+    return conn
+
+
+def open_store(directory: str) -> sqlite3.Connection:
+    """Open (or create) the store in ``directory`` and verify it; raises :class:`StoreError`."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(directory, f"cannot create the directory: {exc.strerror}") from None
+    path = os.path.join(directory, DB_NAME)
+    fresh = not os.path.exists(path)
+    if fresh:
+        foreign = sorted(n for n in os.listdir(directory) if not n.startswith(DB_NAME))
+        if foreign:
+            # Someone else's files: never write a database among them.
+            raise StoreError(directory, "not a broker store: the directory holds other files "
+                             f"({', '.join(foreign[:5])}) and no {DB_NAME}")
+    try:
+        if fresh:
+            conn = connect(path)
+            _create(conn)
+        else:
+            # Check before anything is written: switching a foreign database
+            # to WAL would already change its file.  (Reading replays our own
+            # WAL after a crash: SQLite's recovery, nothing is lost.)
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                _verify(conn, path)
+            finally:
+                conn.close()
+            conn = connect(path)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(path, f"damaged or not a database: {exc}") from None
+    return conn
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN")
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+        ("magic", MAGIC), ("schema_version", SCHEMA_VERSION), ("session_ceiling", 0),
+        ("count", 0), ("bytes", 0), ("evicted", 0), ("evicted_session", None),
+        ("evicted_instance", None),
+    ])
+    conn.execute("COMMIT")
+
+
+def _verify(conn: sqlite3.Connection, path: str) -> None:
+    # SQLite's own structural check of the pages (quick_check is linear in
+    # the database size without comparing index contents to the tables).
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise StoreError(path, f"damaged: {'; '.join(problems)}")
+    tables = {row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "meta" not in tables:
+        raise StoreError(path, "not a broker store: no meta table (a foreign SQLite database)")
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    if meta.get("magic") != MAGIC:
+        raise StoreError(path, "not a broker store: the marker is missing or wrong")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise StoreError(path, f"schema version {version!r}; this broker reads version "
+                         f"{SCHEMA_VERSION} only")
+    missing = {"runs", "latest", "spool", "resume"} - tables
+    if missing:
+        raise StoreError(path, f"damaged: tables missing: {', '.join(sorted(missing))}")
+
+
+def read_meta(conn: sqlite3.Connection) -> dict[str, object]:
+    return dict(conn.execute("SELECT key, value FROM meta"))

@@ -1,0 +1,134 @@
+"""Runs: consecutive routed messages of one type and one session, stored as one row.
+
+A busy publisher's received chunk is one routing batch (one Hat session)
+of often thousands of messages of the same type.  Writing each as its own
+indexed row costs the writer about as much CPU as routing it; writing the
+run as one row (timestamps, delivery counts and frame offsets as packed
+arrays, the frames concatenated) costs a fraction, and the indexes stay
+exact: every event of a run has the run's type, and the run's first and
+last events are its smallest and largest in (timestamp, session,
+instance) order, because a run only grows while timestamps do not go back.
+
+A message with a source timestamp is a run of its own (its source
+timestamp is indexed), and runs are bounded in events, bytes and time span
+(:data:`MAX_RUN`, :data:`MAX_RUN_BYTES`, :data:`MAX_RUN_SPAN`) so reading
+one for a query or a replay page stays cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator
+
+from broker.core.retention import Entry
+
+# Events in one run: bounds the work of decoding a run that a query needs
+# only a few events of.
+MAX_RUN = 4096
+# Frame bytes in one run (one message may exceed it and is a run alone).
+MAX_RUN_BYTES = 1 << 20
+# Seconds between a run's first and last timestamps: a query for events
+# after time t need only look at runs that began after t - MAX_RUN_SPAN.
+MAX_RUN_SPAN = 1.0
+
+_SWAP = sys.byteorder != "little"  # arrays are stored little-endian
+
+
+def pack(kind: str, values: list) -> bytes:
+    a = array(kind, values)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack(kind: str, data: bytes) -> array:
+    a = array(kind)
+    a.frombytes(data)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        a.byteswap()
+    return a
+
+
+class RunBuilder:
+    """Collects one run in the writer thread."""
+
+    __slots__ = (
+        "delivered",
+        "first",
+        "frames",
+        "grp",
+        "inst",
+        "last",
+        "nbytes",
+        "session",
+        "src",
+        "ts",
+    )
+
+    def __init__(self, session: int, instance: int, grp: bytes, inst: bytes, src: int | None,
+                 ts: float, delivered: int, frame: bytes) -> None:
+        self.session = session
+        self.first = self.last = instance
+        self.grp = grp
+        self.inst = inst
+        self.src = src
+        self.ts = [ts]
+        self.delivered = [delivered]
+        self.frames = [frame]
+        self.nbytes = len(frame)
+
+    def takes(self, session: int, instance: int, grp: bytes, inst: bytes, ts: float,
+              size: int) -> bool:
+        return (self.src is None and session == self.session and instance == self.last + 1
+                and grp == self.grp and inst == self.inst and ts >= self.ts[-1]
+                and ts - self.ts[0] <= MAX_RUN_SPAN and len(self.ts) < MAX_RUN
+                and self.nbytes + size <= MAX_RUN_BYTES)
+
+    def add(self, instance: int, ts: float, delivered: int, frame: bytes) -> None:
+        self.last = instance
+        self.ts.append(ts)
+        self.delivered.append(delivered)
+        self.frames.append(frame)
+        self.nbytes += len(frame)
+
+    def row(self) -> tuple:
+        offsets = [0]
+        total = 0
+        for f in self.frames:
+            total += len(f)
+            offsets.append(total)
+        return (self.session, self.first, self.last, self.grp, self.inst, self.ts[0],
+                self.ts[-1], self.src, self.nbytes, pack("d", self.ts),
+                pack("q", self.delivered), pack("q", offsets), b"".join(self.frames))
+
+
+# Columns a reader selects to decode a run (see decode()).
+RUN_COLUMNS = "session, first, last, grp, inst, ts, delivered, offsets, frames, src_us"
+
+
+def decode(row: tuple, after: tuple[int, int] | None = None, reverse: bool = False
+           ) -> Iterator[tuple[Entry, int | None]]:
+    """(entry, source µs) of a run's events after EventId ``after``, in order or reversed."""
+    session, first, last, grp, inst, ts_b, delivered_b, offsets_b, frames, src = row
+    ts = unpack("d", ts_b)
+    delivered = unpack("q", delivered_b)
+    offsets = unpack("q", offsets_b)
+    start = 0
+    if after is not None:
+        if after[0] > session or (after[0] == session and after[1] >= last):
+            return
+        if after[0] == session and after[1] >= first:
+            start = after[1] - first + 1
+    indexes = range(last - first, start - 1, -1) if reverse else range(start, last - first + 1)
+    for i in indexes:
+        yield (session, first + i, ts[i], frames[offsets[i]:offsets[i + 1]], delivered[i], grp,
+               inst), src
+
+
+def sizes_and_times(row: tuple) -> tuple[int, int, int, array, array]:
+    """(session, first, last, frame sizes, timestamps) of a run, for eviction."""
+    session, first, last, ts_b, offsets_b = row
+    offsets = unpack("q", offsets_b)
+    sizes = array("q", (offsets[i + 1] - offsets[i] for i in range(len(offsets) - 1)))
+    return session, first, last, sizes, unpack("d", ts_b)

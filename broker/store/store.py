@@ -1,0 +1,798 @@
+"""The durable store: retained messages, bridge spools and resume points, written behind.
+
+Routing never waits for the disk.  The router observer :meth:`Store.add`
+appends one tuple to a deque (a bridge's spool changes go the same way);
+a writer thread takes everything queued, waits ``flush_interval`` to
+gather more, and commits it in one SQLite transaction (WAL, fsync on
+commit).  After each commit the trio side learns, in commit order, up to
+which EventId messages are on disk (:meth:`Store.reports`), which is when
+Eventer clients that asked for persisted notifications get them.
+
+A failed commit (disk full, I/O error) loses that batch's persistence, not
+its routing: it is counted, logged at most once per :data:`LOG_INTERVAL`,
+reported as not persisted, and the writer goes on with the next batch.
+When the writer falls behind by more than :data:`MAX_PENDING_BYTES`, new
+messages are routed but not persisted (counted as ``overload``).
+
+Readers (queries, Mariner replay, start-up of the bridges) run in the trio
+thread on their own connection; they first commit what is still queued
+(:meth:`Store.flush`), so a query sees every message routed before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp, timestamp_parts
+from broker.core.retention import RETIRED, Entry, view
+from broker.core.router import Routed, Router
+from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
+from broker.store.runs import (
+    MAX_RUN,
+    MAX_RUN_BYTES,
+    MAX_RUN_SPAN,
+    RUN_COLUMNS,
+    RunBuilder,
+    decode,
+    sizes_and_times,
+)
+from wire.skan import decode_header
+
+log = logging.getLogger(__name__)
+
+# Operations queued for the writer thread (first element of each tuple).
+EVENT, LOST, SPOOL_ADD, SPOOL_DEL, RESUME = range(5)
+
+# Bytes of frames queued for the writer before new messages are no longer
+# persisted (routing goes on): bounds the memory a stalled disk can take.
+MAX_PENDING_BYTES = 64 * 1024 * 1024
+# Seconds between two log lines about failed writes or overload: a full
+# disk must not flood the log.
+LOG_INTERVAL = 10.0
+# Seconds the writer sleeps when idle before it checks max_age again.
+IDLE_WAKE = 1.0
+# Sessions reserved ahead of use.  The ceiling is committed before sessions
+# below it are handed out, so a restart (even after SIGKILL or a clock
+# stepped back) continues above every session issued before.  A broker
+# routes far fewer than 10^6 batches a second, so one reservation lasts
+# minutes; each costs nothing but a gap in the numbering at a restart.
+SESSION_LEASE = 1_000_000_000
+
+Report = tuple[tuple[int, int], bool]
+
+
+def _us(t: float) -> int:
+    s, us = timestamp_parts(t)
+    return s * 1_000_000 + us
+
+
+def _src_us(header: dict) -> int | None:
+    src = source_timestamp(header)
+    return None if src is None else _us(src)
+
+
+@attrs.define
+class StoreStats:
+    commits: int = 0
+    events_written: int = 0
+    bytes_written: int = 0
+    failed_commits: int = 0
+    failed_events: int = 0
+    overload: int = 0
+    evicted: int = 0
+    last_error: str = ""
+
+
+def default_dir(log_dir: str) -> str:
+    """``[store] dir`` when not set: ``store`` beside the routing-log directory."""
+    parent = os.path.dirname(os.path.normpath(log_dir))
+    return os.path.join(parent, "store")
+
+
+def _nothing(value: object) -> None:
+    pass
+
+
+class Store:
+    """Durable retained messages (a bounded ring by count, bytes and age) plus bridge spools."""
+
+    def __init__(self, directory: str, *, size: int, max_bytes: int, max_age: float,
+                 flush_interval: float, clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, DB_NAME)
+        self.size = size
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.flush_interval = flush_interval
+        self.clock = clock
+        self.stats = StoreStats()
+        self._conn = open_store(directory)
+        try:
+            self._read = connect(self.path, readonly=True)
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(self.path, f"cannot open for reading: {exc}") from None
+        meta = read_meta(self._conn)
+        self.count = int(meta["count"])
+        self.bytes = int(meta["bytes"])
+        self.evicted = int(meta["evicted"])
+        self.stats.evicted = self.evicted
+        es, ei = meta["evicted_session"], meta["evicted_instance"]
+        # (session, instance) of the newest evicted message (replay gaps).
+        self.evicted_upto: tuple[int, int] | None = None if es is None else (int(es), int(ei))
+        self._ceiling = int(meta["session_ceiling"])
+        self._max_session = 0
+        # The types in the latest table (bounded by size) and its update counter.
+        self._latest_keys: set[tuple[bytes, bytes]] = set(
+            self._conn.execute("SELECT grp, inst FROM latest"))
+        self._latest_seq = self._conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
+        self._ops: deque[tuple] = deque()
+        self._added_bytes = 0  # written by the trio thread only
+        self._taken_bytes = 0  # written by the writer thread only
+        self._signalled = False
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._reports: deque[Report] = deque()
+        self._call_soon: Callable[[Callable[[], None]], None] | None = None
+        # Called in the trio thread with each commit report, in commit order.
+        self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
+        self._last_log = -LOG_INTERVAL
+        self._server = 0  # the router's server id (attach)
+
+    # ---- life cycle ----------------------------------------------------------------
+
+    def start_session(self, clock_session: int) -> int:
+        """The session to continue from: above the clock and every session ever reserved.
+
+        Commits the new reservation before returning (call before routing starts).
+        """
+        start = max(clock_session, self._ceiling)
+        self._ceiling = start + SESSION_LEASE
+        self._max_session = start
+        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'session_ceiling'",
+                           (self._ceiling,))
+        return start
+
+    def attach(self, router: Router) -> None:
+        """Observe every routed message and continue the router's session numbering."""
+        router.session = self.start_session(router.session)
+        self._server = router.server_id
+        if self.size:
+            # Only what entered this broker: in a cluster, each broker keeps its own.
+            router.local_observers.append(self.add)
+
+    def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Start the writer thread; ``call_soon`` runs a function in the routing thread."""
+        self._call_soon = call_soon
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Commit everything queued, stop the writer, checkpoint and close."""
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join()
+            self._thread = None
+        self.flush()
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("store %s: checkpoint at close failed: %s", self.path, exc)
+        self._read.close()
+        self._conn.close()
+
+    # ---- the hot path (trio thread) ------------------------------------------------
+
+    def add(self, routed: Routed) -> None:
+        """Router observer: queue a routed message for the writer (the object itself).
+
+        Only messages that entered this broker: a cluster peer's messages keep
+        their own server's EventIds, whose sessions interleave with ours (each
+        broker of a cluster keeps what entered it).
+        """
+        if routed.server != self._server:
+            return
+        if self._added_bytes - self._taken_bytes > MAX_PENDING_BYTES:
+            self._ops.append((LOST, routed.session, routed.instance))
+        else:
+            self._ops.append(routed)
+            self._added_bytes += len(routed.frame)
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
+
+    def spool_add(self, bridge: str, routed: Routed) -> None:
+        self._ops.append((SPOOL_ADD, bridge, routed.session, routed.instance, routed.timestamp,
+                          routed.frame))
+        self._added_bytes += len(routed.frame)
+        self._signal()
+
+    def spool_remove(self, bridge: str, session: int, instance: int) -> None:
+        self._ops.append((SPOOL_DEL, bridge, session, instance))
+        self._signal()
+
+    def set_resume(self, bridge: str, server: int, session: int, instance: int) -> None:
+        self._ops.append((RESUME, bridge, server, session, instance))
+        self._signal()
+
+    def _signal(self) -> None:
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._ops)
+
+    # ---- the writer ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(IDLE_WAKE)
+            self._wake.clear()
+            self._signalled = False
+            if self._ops and not self._stopping:
+                # Gather what the routing thread adds meanwhile: one
+                # transaction per flush_interval at most, not per message.
+                time.sleep(self.flush_interval)
+            with self._lock:
+                self._commit_queued()
+            if self._reports and self._call_soon is not None:
+                # RunFinishedError: the trio run has ended, nobody to tell.
+                with contextlib.suppress(Exception):
+                    self._call_soon(self.deliver_reports)
+
+    def flush(self) -> None:
+        """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
+        if self._ops:
+            with self._lock:
+                self._commit_queued()
+        if self._reports:
+            self.deliver_reports()
+
+    def deliver_reports(self) -> None:
+        reports = self._reports
+        while reports:
+            upto, ok = reports.popleft()
+            for listener in self.on_report:
+                listener(upto, ok)
+
+    def _commit_queued(self) -> None:
+        ops = self._ops
+        n = len(ops)
+        if n == 0:
+            if self.max_age:
+                self._evict_only()
+            return
+        batch = [ops.popleft() for _ in range(n)]
+        # Per message, only what SQLite needs: this loop holds the GIL that
+        # routing needs too (see broker/store/runs.py for why runs).
+        rows: list[tuple] = []
+        latest: dict[tuple[bytes, bytes], tuple] = {}
+        spool_add: list[tuple] = []
+        spool_del: list[tuple] = []
+        resume: dict[str, tuple] = {}
+        runs: list[Report] = []
+        taken = 0
+        order = self._latest_seq
+        new_events = 0
+        run: RunBuilder | None = None
+        # The open run in locals (the loop's hot part): next instance, type,
+        # first and last timestamp, events and bytes so far.
+        r_session = r_next = -1
+        r_grp = r_inst = b""
+        r_first = r_last = 0.0
+        r_n = r_bytes = 0
+        add_ts = add_delivered = add_frame = _nothing
+        max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
+        for op in batch:
+            if type(op) is Routed:
+                header = op.header
+                ts = op.timestamp
+                frame = op.frame
+                size = len(frame)
+                taken += size
+                if (op.instance == r_next and op.session == r_session
+                        and header[b"group"] == r_grp and header[b"instance"] == r_inst
+                        and r_last <= ts <= r_first + max_span and r_n < max_run
+                        and r_bytes + size <= max_bytes and SOURCE_TIMESTAMP_TAG not in header):
+                    add_ts(ts)
+                    add_delivered(op.delivered)
+                    add_frame(frame)
+                    r_next += 1
+                    r_last = ts
+                    r_n += 1
+                    r_bytes += size
+                    continue
+                if run is not None:
+                    order += 1
+                    rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
+                new_events += r_n
+                r_session, r_grp, r_inst = op.session, header[b"group"], header[b"instance"]
+                src = _src_us(header) if SOURCE_TIMESTAMP_TAG in header else None
+                run = RunBuilder(r_session, op.instance, r_grp, r_inst, src, ts, op.delivered,
+                                 frame)
+                # A message with a source timestamp is a run of its own.
+                r_next = op.instance + 1 if src is None else -1
+                r_first = r_last = ts
+                r_n, r_bytes = 1, size
+                add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
+                                                    run.frames.append)
+                continue
+            kind = op[0]
+            if kind == LOST:
+                if run is not None:
+                    # Everything routed before the lost message is in this batch.
+                    ok_id = (run.session, r_next - 1 if run.src is None else run.first)
+                    if not runs or runs[-1][0] < ok_id:
+                        runs.append((ok_id, True))
+                if runs and not runs[-1][1]:
+                    runs[-1] = ((op[1], op[2]), False)
+                else:
+                    runs.append(((op[1], op[2]), False))
+                self.stats.overload += 1
+            elif kind == SPOOL_ADD:
+                taken += len(op[5])
+                spool_add.append(op[1:])
+            elif kind == SPOOL_DEL:
+                spool_del.append(op[1:])
+            else:
+                resume[op[1]] = op[1:]
+        if run is not None:
+            order += 1
+            rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
+            new_events += r_n
+            ok_id = (run.session, run.last)
+            if not runs or runs[-1][0] < ok_id:
+                runs.append((ok_id, True))
+        max_session = self._max_session
+        if rows and rows[-1][0] > max_session:
+            max_session = rows[-1][0]
+        self._taken_bytes += taken
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if rows:
+                conn.executemany(
+                    "INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
+                    "bytes, ts, delivered, offsets, frames) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                conn.executemany(
+                    "INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, inst) DO UPDATE SET "
+                    "seq = excluded.seq, session = excluded.session, "
+                    "instance = excluded.instance, ts = excluded.ts, "
+                    "delivered = excluded.delivered, frame = excluded.frame",
+                    latest.values())
+            if spool_add:
+                conn.executemany("INSERT OR IGNORE INTO spool VALUES (?, ?, ?, ?, ?)", spool_add)
+            if spool_del:
+                conn.executemany(
+                    "DELETE FROM spool WHERE bridge = ? AND session = ? AND instance = ?",
+                    spool_del)
+            if resume:
+                conn.executemany("INSERT OR REPLACE INTO resume VALUES (?, ?, ?, ?)",
+                                 resume.values())
+            count, nbytes = self.count + new_events, self.bytes + sum(r[8] for r in rows)
+            count, nbytes, evicted, upto = self._evict(count, nbytes)
+            latest_keys = self._evict_latest(latest)
+            ceiling = self._ceiling
+            if max_session + SESSION_LEASE // 2 > ceiling:
+                ceiling = max_session + SESSION_LEASE
+            self._write_meta(count, nbytes, evicted, upto, ceiling)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            self._failed(new_events, exc)
+            if runs:
+                self._reports.append((runs[-1][0], False))
+            return
+        self.count, self.bytes, self._ceiling = count, nbytes, ceiling
+        self._latest_keys = latest_keys
+        self._latest_seq = order
+        self._max_session = max_session
+        if evicted != self.evicted:
+            self.stats.evicted = self.evicted = evicted
+            self.evicted_upto = upto
+        self.stats.commits += 1
+        self.stats.events_written += new_events
+        self.stats.bytes_written += taken
+        self._reports.extend(runs)
+
+    @staticmethod
+    def _close_run(run: RunBuilder, last: int, nbytes: int, order: int,
+                   latest: dict[tuple[bytes, bytes], tuple]) -> tuple:
+        """The row of a finished run; its last event becomes its type's latest."""
+        if run.src is None:
+            run.last = last
+        run.nbytes = nbytes
+        latest[run.grp, run.inst] = (run.grp, run.inst, order, run.session, run.last,
+                                     run.ts[-1], run.delivered[-1], run.frames[-1])
+        return run.row()
+
+    def _evict_only(self) -> None:
+        """Apply max_age while no traffic arrives (the writer's idle wake-up)."""
+        if not self.count:
+            return
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            count, nbytes, evicted, upto = self._evict(self.count, self.bytes)
+            if evicted != self.evicted:
+                self._write_meta(count, nbytes, evicted, upto, self._ceiling)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            self._failed(0, exc)
+            return
+        self.count, self.bytes = count, nbytes
+        if evicted != self.evicted:
+            self.stats.evicted = self.evicted = evicted
+            self.evicted_upto = upto
+
+    def _evict(self, count: int, nbytes: int
+               ) -> tuple[int, int, int, tuple[int, int] | None]:
+        """Evict the oldest events beyond size / max_bytes / max_age (inside the transaction).
+
+        The newest evicted EventId is the watermark below which readers see
+        nothing; runs wholly below it are deleted.
+        """
+        size, max_bytes = self.size, self.max_bytes
+        cutoff = self.clock() - self.max_age if self.max_age else None
+        evicted, upto = self.evicted, self.evicted_upto
+        if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
+            return count, nbytes, evicted, upto
+        done_run = None
+        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts "
+                                 "FROM runs ORDER BY run")
+        for run, session, first, last, run_bytes, min_ts, max_ts in cur:
+            if upto is not None and (session, last) <= upto:
+                done_run = run
+                continue
+            n = last - first + 1
+            # Each bound is monotone along a run (fewer messages, fewer bytes,
+            # later timestamps): if one still calls for eviction at its last
+            # message, the whole run goes without decoding it.
+            if (upto is None or upto < (session, first)) and (
+                    count - n >= size or (max_bytes and nbytes - run_bytes >= max_bytes)
+                    or (cutoff is not None and max_ts < cutoff)):
+                count -= n
+                nbytes -= run_bytes
+                evicted += n
+                upto = (session, last)
+                done_run = run
+                continue
+            if not (count > size or (max_bytes and nbytes > max_bytes)
+                    or (cutoff is not None and min_ts < cutoff)):
+                break  # not even its first message goes
+            row = self._conn.execute("SELECT session, first, last, ts, offsets FROM runs "
+                                     "WHERE run = ?", (run,)).fetchone()
+            _, _, _, sizes, times = sizes_and_times(row)
+            stop = False
+            for i in range(n):
+                eid = (session, first + i)
+                if upto is not None and eid <= upto:
+                    continue
+                if not (count > size or (max_bytes and nbytes > max_bytes)
+                        or (cutoff is not None and times[i] < cutoff)):
+                    stop = True
+                    break
+                count -= 1
+                nbytes -= sizes[i]
+                evicted += 1
+                upto = eid
+            if stop:
+                break
+            done_run = run
+        cur.close()
+        if done_run is not None:
+            self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
+        return count, nbytes, evicted, upto
+
+    def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
+        """Keep at most ``size`` types, least recently updated out first (in the transaction).
+
+        Returns the new key set; the writer's copy changes only once committed.
+        """
+        keys = self._latest_keys
+        new = [k for k in latest if k not in keys]
+        if not new:
+            return keys
+        keys = keys | set(new)
+        excess = len(keys) - self.size
+        if excess > 0:
+            gone = self._conn.execute(
+                "DELETE FROM latest WHERE seq IN (SELECT seq FROM latest ORDER BY seq LIMIT ?) "
+                "RETURNING grp, inst", (excess,)).fetchall()
+            keys -= set(gone)
+        return keys
+
+    def _write_meta(self, count: int, nbytes: int, evicted: int,
+                    upto: tuple[int, int] | None, ceiling: int) -> None:
+        self._conn.executemany("UPDATE meta SET value = ? WHERE key = ?", [
+            (count, "count"), (nbytes, "bytes"), (evicted, "evicted"),
+            (None if upto is None else upto[0], "evicted_session"),
+            (None if upto is None else upto[1], "evicted_instance"),
+            (ceiling, "session_ceiling"),
+        ])
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
+
+    def _failed(self, n: int, exc: sqlite3.Error) -> None:
+        self.stats.failed_commits += 1
+        self.stats.failed_events += n
+        self.stats.last_error = str(exc)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL:
+            self._last_log = now
+            log.error("store %s: write failed (%s); %d commits (%d messages) not persisted so "
+                      "far, routing goes on", self.path, exc, self.stats.failed_commits,
+                      self.stats.failed_events)
+
+    # ---- reads (trio thread) -------------------------------------------------------
+
+    _ENTRY = "session, instance, ts, frame, delivered, grp, inst"
+
+    def __len__(self) -> int:
+        # Committed messages (metrics read this: no flush on their path).
+        return self.count
+
+    def _runs(self, sql: str, args: tuple | list = ()) -> Iterator[tuple]:
+        cur = self._read.execute(sql, args)
+        while True:
+            rows = cur.fetchmany(16)
+            if not rows:
+                return
+            yield from rows
+
+    def _events(self, sql: str, args: tuple | list = (), after: tuple[int, int] | None = None,
+                reverse: bool = False) -> Iterator[tuple[Entry, int | None]]:
+        """Events of the selected runs (not evicted, after ``after``), run by run."""
+        floor = self.evicted_upto
+        if after is None or (floor is not None and floor > after):
+            after = floor
+        for row in self._runs(sql, args):
+            yield from decode(row, after, reverse)
+
+    def newest(self) -> Routed | None:
+        self.flush()
+        for entry, _ in self._events(
+                f"SELECT {RUN_COLUMNS} FROM runs ORDER BY run DESC LIMIT 1", reverse=True):
+            return view(entry)
+        return None
+
+    def _run_at(self, session: int, instance: int) -> int | None:
+        """The ``run`` of the run holding EventId (session, instance) or the last before it."""
+        row = self._read.execute(
+            "SELECT run FROM runs WHERE (session, first) <= (?, ?) "
+            "ORDER BY session DESC, first DESC LIMIT 1", (session, instance)).fetchone()
+        return None if row is None else row[0]
+
+    def entries_after(self, session: int, instance: int, limit: int | None = None
+                      ) -> list[Entry]:
+        """Entries strictly after EventId (session, instance), oldest first (at most ``limit``)."""
+        self.flush()
+        start = self._run_at(session, instance) or 0
+        found: list[Entry] = []
+        if limit == 0:
+            return found
+        for entry, _ in self._events(f"SELECT {RUN_COLUMNS} FROM runs WHERE run >= ? "
+                                     "ORDER BY run", (start,), after=(session, instance)):
+            found.append(entry)
+            if limit is not None and len(found) >= limit:
+                break
+        return found
+
+    def after(self, session: int, instance: int, limit: int | None = None) -> Iterator[Routed]:
+        return map(view, self.entries_after(session, instance, limit))
+
+    def entry(self, session: int, instance: int) -> tuple[Entry, int | None] | None:
+        """One entry by EventId, with its source timestamp in microseconds."""
+        self.flush()
+        run = self._run_at(session, instance)
+        if run is None:
+            return None
+        for entry, src in self._events(f"SELECT {RUN_COLUMNS} FROM runs WHERE run = ?", (run,),
+                                       after=(session, instance - 1)):
+            return (entry, src) if entry[0] == session and entry[1] == instance else None
+        return None
+
+    def latest_entries(self, groups: list[bytes] | None) -> list[Entry]:
+        """The latest table (of the given groups only, or all)."""
+        self.flush()
+        if groups is None:
+            return self._read.execute(
+                f"SELECT {self._ENTRY} FROM latest ORDER BY seq").fetchall()
+        found: list[Entry] = []
+        for g in groups:
+            found += self._read.execute(
+                f"SELECT {self._ENTRY} FROM latest WHERE grp = ?", (g,)).fetchall()
+        return found
+
+    def ordered(self, *, by_source: bool, descending: bool, groups: list[bytes] | None,
+                t_from: int | None, t_to: int | None, s_from: int | None, s_to: int | None,
+                after: tuple | None,
+                accept_type: Callable[[bytes, bytes], bool] | None = None
+                ) -> Iterator[tuple[Entry, int | None]]:
+        """Events in (timestamp | source timestamp, session, instance) order, lazily.
+
+        Times are microseconds (the resolution events are reported in); ``after``
+        is the key of the last event seen (keyset pagination): the key value,
+        session and instance; ``accept_type(group, instance)`` skips runs of
+        other types before they are decoded (a run has one type).  Runs come
+        from the (group,) first/last-timestamp indexes in the order of their
+        first (ascending) or last (descending) event and are merged exactly
+        (:func:`_merge`).
+        """
+        self.flush()
+        if groups is not None and not groups:
+            return  # only empty patterns: they match no event type
+        cond: list[str] = []
+        args: list[Any] = []
+        if by_source:
+            key_col, index_key = "src_us", "src_us, session, first"
+            cond.append("src_us IS NOT NULL")
+            if s_from is not None:
+                cond.append("src_us >= ?")
+                args.append(s_from)
+            if s_to is not None:
+                cond.append("src_us <= ?")
+                args.append(s_to)
+            if after is not None:
+                cond.append(f"(src_us, session, first) {'<' if descending else '>'} (?, ?, ?)")
+                args += list(after)
+            # Runs with a source timestamp are single messages (min_ts = ts);
+            # both tests run on the index, with the exact ones below.
+            if t_from is not None:
+                cond.append("min_ts >= ?")
+                args.append((t_from - 2) / 1e6)
+            if t_to is not None:
+                cond.append("min_ts <= ?")
+                args.append((t_to + 2) / 1e6)
+            if groups is not None:
+                cond.append(f"grp IN ({', '.join('?' * len(groups))})")
+                args += groups
+        else:
+            key_col = "max_ts" if descending else "min_ts"
+            index_key = ("max_ts, session, last" if descending else "min_ts, session, first")
+            if s_from is not None or s_to is not None:
+                # Only single-event runs carry a source timestamp.
+                cond.append("src_us IS NOT NULL")
+                if s_from is not None:
+                    cond.append("src_us >= ?")
+                    args.append(s_from)
+                if s_to is not None:
+                    cond.append("src_us <= ?")
+                    args.append(s_to)
+            # A microsecond of slack around the index ranges; the exact test is
+            # on each event's reported (rounded) timestamp below.  Runs span at
+            # most MAX_RUN_SPAN seconds.
+            lo = None if t_from is None else (t_from - 2) / 1e6
+            hi = None if t_to is None else (t_to + 2) / 1e6
+            if after is not None:
+                if descending:
+                    hi = after[0] if hi is None else min(hi, after[0])
+                else:
+                    lo = after[0] if lo is None else max(lo, after[0])
+            if lo is not None:
+                cond.append("max_ts >= ?")
+                args.append(lo)
+                if not descending:
+                    cond.append("min_ts >= ?")
+                    args.append(lo - MAX_RUN_SPAN)
+            if hi is not None:
+                cond.append("min_ts <= ?")
+                args.append(hi)
+                if descending:
+                    cond.append("max_ts <= ?")
+                    args.append(hi + MAX_RUN_SPAN)
+        direction = "DESC" if descending else "ASC"
+        order = ", ".join(f"{c.strip()} {direction}" for c in index_key.split(","))
+        cols = f"{RUN_COLUMNS}, {key_col}, session, {'last' if descending else 'first'}"
+
+        def runs_of(group: bytes | None) -> Iterator[tuple]:
+            where = list(cond)
+            gargs = list(args)
+            if group is not None:
+                where.insert(0, "grp = ?")
+                gargs.insert(0, group)
+            # The walk must follow the order's index (a page is the first rows
+            # of it), not an index that filters better and then sorts them all.
+            index = "runs_src" if by_source else (
+                ("runs_grp_max" if descending else "runs_grp_min") if group is not None
+                else ("runs_max" if descending else "runs_min"))
+            sql = f"SELECT {cols} FROM runs INDEXED BY {index}"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            return self._runs(f"{sql} ORDER BY {order}", gargs)
+
+        if groups is None or by_source:
+            runs: Iterator[tuple] = runs_of(None)
+        elif len(groups) == 1:
+            runs = runs_of(groups[0])
+        else:
+            # One index walk per group, merged in run order.
+            runs = heapq.merge(*(runs_of(g) for g in dict.fromkeys(groups)),
+                               key=lambda r: r[10:13], reverse=descending)
+        if accept_type is not None:
+            runs = (r for r in runs if accept_type(r[3], r[4]))
+        floor = self.evicted_upto
+        for entry, src in _merge(runs, descending, by_source, floor):
+            if t_from is not None or t_to is not None:
+                ts_us = _us(entry[2])  # the exact test, on the reported (rounded) timestamp
+                if (t_from is not None and ts_us < t_from) or (t_to is not None and ts_us > t_to):
+                    continue
+            if after is not None:
+                key = (src if by_source else entry[2], entry[0], entry[1])
+                if (key <= after) if not descending else (key >= after):
+                    continue
+            yield entry, src
+
+    # ---- bridges --------------------------------------------------------------------
+
+    def spooled(self, bridge: str) -> list[Routed]:
+        """A bridge's unacknowledged messages from before the restart, oldest first."""
+        self.flush()
+        rows = self._read.execute(
+            "SELECT session, instance, ts, frame FROM spool WHERE bridge = ? "
+            "ORDER BY session, instance", (bridge,)).fetchall()
+        return [Routed(frame, decode_header(frame, 4), RETIRED, (), 0, session, instance, ts)
+                for session, instance, ts, frame in rows]
+
+    def resume_point(self, bridge: str) -> tuple[int, int, int] | None:
+        self.flush()
+        row = self._read.execute("SELECT server, session, instance FROM resume WHERE bridge = ?",
+                                 (bridge,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+
+def _merge(runs: Iterator[tuple], descending: bool, by_source: bool,
+           floor: tuple[int, int] | None) -> Iterator[tuple[Entry, int | None]]:
+    """The events of runs (sorted by their first event in the walk's order) in exact order.
+
+    Each run is internally sorted; a run's events are pushed into a heap
+    when the run arrives, and the heap gives up an event only once no later
+    run can hold a smaller one (every later run starts at or after it).
+    Runs do not overlap unless the clock stepped back, so the heap holds one
+    run most of the time.
+    """
+    sign = -1 if descending else 1
+    heap: list[tuple] = []
+    counter = 0
+
+    def push(it: Iterator[tuple[Entry, int | None]]) -> None:
+        nonlocal counter
+        for entry, src in it:
+            k = src if by_source else entry[2]
+            heapq.heappush(heap, ((sign * k, sign * entry[0], sign * entry[1]), counter,
+                                  entry, src, it))
+            counter += 1
+            return
+
+    for row in runs:
+        start = (sign * row[10], sign * row[11], sign * row[12])
+        while heap and heap[0][0] < start:
+            _, _, entry, src, it = heapq.heappop(heap)
+            yield entry, src
+            push(it)
+        push(decode(row[:10], floor, descending))
+    while heap:
+        _, _, entry, src, it = heapq.heappop(heap)
+        yield entry, src
+        push(it)

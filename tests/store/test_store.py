@@ -1,0 +1,188 @@
+"""The store in-process, on real SQLite files: sessions, bounds, failed writes, reports."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from broker.core import events
+from broker.core.router import Endpoint, Router
+from broker.store import Store, StoreError
+from broker.store.store import SESSION_LEASE
+
+
+class Sender(Endpoint):
+    protocol = "test"
+
+    def deliver(self, frame, routed):  # pragma: no cover - never a recipient
+        raise AssertionError
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def open_store(path, clock=None, **kw) -> Store:
+    args = {"size": 1000, "max_bytes": 0, "max_age": 0.0, "flush_interval": 0.001}
+    args.update(kw)
+    return Store(str(path), clock=clock or Clock(), **args)
+
+
+def route(router: Router, sender: Sender, n: int, group: str = "g", size: int = 10) -> list:
+    out = []
+    for i in range(n):
+        sent = events.send_for_event((group, str(i % 3)), events.JsonPayload("x" * size),
+                                     sender=sender.lname, seq=i)
+        out.append(router.route(sender, sent.frame, sent.header))
+        router.end_batch()
+    return out
+
+
+def setup(path, clock=None, **kw):
+    clock = clock or Clock()
+    router = Router(clock=clock)
+    store = open_store(path, clock, **kw)
+    store.attach(router)
+    sender = Sender()
+    router.attach(sender)
+    return store, router, sender
+
+
+def test_sessions_continue_above_everything_issued_even_with_the_clock_stepped_back(tmp_path):
+    store, router, sender = setup(tmp_path)
+    routed = route(router, sender, 5)
+    store.flush()
+    # More batches routed but never committed (as if the process were killed now).
+    unflushed = route(router, sender, 5)
+    newest = max((r.session, r.instance) for r in routed + unflushed)
+    # A second broker on the same directory, its clock stepped back by a day.
+    back = Clock(1_700_000_000.0 - 86_400)
+    router2 = Router(clock=back)
+    store2 = open_store(tmp_path, back)
+    store2.attach(router2)
+    sender2 = Sender()
+    router2.attach(sender2)
+    again = route(router2, sender2, 1)[0]
+    assert (again.session, again.instance) > newest
+    assert again.session - newest[0] <= 2 * SESSION_LEASE
+    store2.close()
+    store.close()
+
+
+def test_bounds_by_count_bytes_and_age_evict_oldest_first_and_count(tmp_path):
+    clock = Clock()
+    store, router, sender = setup(tmp_path, clock, size=10, max_bytes=0)
+    routed = route(router, sender, 25)
+    assert len(store.entries_after(0, 0)) == 10
+    assert store.evicted == 15 and store.evicted_upto == (routed[14].session, 1)
+    store.close()
+
+    store, router, sender = setup(tmp_path / "bytes", clock, size=1000, max_bytes=1000)
+    routed = route(router, sender, 20, size=100)
+    kept = store.entries_after(0, 0)
+    assert sum(len(e[3]) for e in kept) <= 1000 < sum(len(e[3]) for e in kept) + len(
+        routed[0].frame)
+    assert [e[0] for e in kept] == [r.session for r in routed[-len(kept):]]
+    assert store.bytes == sum(len(e[3]) for e in kept)
+    store.close()
+
+    store, router, sender = setup(tmp_path / "age", clock, max_age=60.0)
+    route(router, sender, 3)
+    clock.now += 30
+    young = route(router, sender, 2)
+    store.flush()
+    clock.now += 45  # the first three are now 75 s old, the last two 45 s
+    route(router, sender, 1)
+    kept = store.entries_after(0, 0)
+    assert [e[0] for e in kept][:2] == [r.session for r in young]
+    assert len(kept) == 3 and store.evicted == 3
+    store.close()
+
+
+async def test_max_age_applies_while_idle(tmp_path):
+    clock = Clock()
+    store, router, sender = setup(tmp_path, clock, max_age=10.0)
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    route(router, sender, 4)
+    store.flush()
+    clock.now += 11
+    with trio.fail_after(5):
+        while store.count:
+            await trio.sleep(0.05)
+    assert store.evicted == 4
+    store.close()
+
+
+async def test_commits_are_reported_in_order_from_the_writer_thread(tmp_path):
+    store, router, sender = setup(tmp_path)
+    reports = []
+    store.on_report.append(lambda upto, ok: reports.append((upto, ok)))
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    routed = route(router, sender, 50)
+    last = (routed[-1].session, routed[-1].instance)
+    with trio.fail_after(5):
+        while not reports or reports[-1][0] != last:
+            await trio.sleep(0.01)
+    assert all(ok for _, ok in reports)
+    assert [u for u, _ in reports] == sorted(u for u, _ in reports)
+    assert store.stats.commits >= 1 and store.stats.events_written == 50
+    store.close()
+
+
+def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog):
+    store, router, sender = setup(tmp_path)
+    reports = []
+    store.on_report.append(lambda upto, ok: reports.append((upto, ok)))
+    route(router, sender, 2)
+    store.flush()
+    # SQLite's own limit on the database size: every further page allocation
+    # fails with SQLITE_FULL ("database or disk is full"), as on a full disk.
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+    caplog.set_level(logging.ERROR, logger="broker.store.store")
+    failed = []
+    for _ in range(5):
+        failed += route(router, sender, 1, size=20_000)
+        store.flush()
+    assert all(r.delivered == 0 for r in failed)  # routed all the same
+    assert store.stats.failed_commits == 5 and store.stats.failed_events == 5
+    assert [ok for _, ok in reports[-5:]] == [False] * 5
+    lines = [r for r in caplog.records if "write failed" in r.getMessage()]
+    assert len(lines) == 1 and "full" in lines[0].getMessage()
+    # Space again: persisting resumes.
+    store._conn.execute("PRAGMA max_page_count = 1073741823")
+    ok = route(router, sender, 1)
+    store.flush()
+    assert reports[-1] == ((ok[0].session, ok[0].instance), True)
+    assert store.count == 3
+    store.close()
+
+
+def test_spool_and_resume_points_survive_reopening(tmp_path):
+    store, router, sender = setup(tmp_path)
+    routed = route(router, sender, 4)
+    for r in routed:
+        store.spool_add("hsp-0-x:1", r)
+    store.spool_remove("hsp-0-x:1", routed[1].session, routed[1].instance)
+    store.set_resume("mariner-1-y:2", 7, 8, 9)
+    store.close()
+    store = open_store(tmp_path)
+    assert [(r.session, r.frame) for r in store.spooled("hsp-0-x:1")] == [
+        (r.session, r.frame) for r in (routed[0], routed[2], routed[3])]
+    assert store.spooled("other") == []
+    assert store.resume_point("mariner-1-y:2") == (7, 8, 9)
+    store.close()
+
+
+def test_schema_version_mismatch_is_refused(tmp_path):
+    store = open_store(tmp_path)
+    store._conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema_version'")
+    store.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        open_store(tmp_path)
