@@ -4,6 +4,7 @@ hat-event clients: one EventId per event cluster-wide, queries that see every br
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import trio
@@ -80,6 +81,17 @@ async def test_queries_and_events_see_the_whole_cluster(two_brokers):
             after = await peer.call("query", kind="server", server_id=2,
                                     last_event_id=ids_b[0])
             assert [e["id"] for e in after["events"]] == ids_b[1:]
+
+        # A broker that stops answering (frozen, its heartbeats not yet stale)
+        # delays a query by at most the gather timeout, then a answers alone.
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = trio.current_time()
+            alone = await on_a.call("query", kind="timeseries", order="ascending")
+            assert [e["id"] for e in alone["events"]] == ids_a
+            assert trio.current_time() - started < 4.5
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
 
 
 async def test_mariner_replay_gathers_every_broker(two_brokers):
