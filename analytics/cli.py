@@ -56,9 +56,9 @@ def build_parser() -> cliutil.Parser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-dir", action="append", metavar="DIR",
                         help="routing-log directory (any path Spark reads: file, hdfs://, "
-                             "s3a://; a glob such as 'logs/w*'); the broker's default when "
-                             "not given; repeat it for the brokers of a cluster: each message "
-                             "counts once")
+                             "s3a://; a glob such as 'logs/w*'); repeat it for the brokers of "
+                             "a cluster: each message counts once; the broker's "
+                             f"(default: {DEFAULT_LOG_DIR})")
     common.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
     common.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting, repeatable")
