@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint venv clean
+.PHONY: run test bench lint venv clean fuzz
 
 $(STAMP): pyproject.toml setup.py wire/skan/_speedups.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check broker wire clients analytics tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The long fuzz run (minutes): SKAN_FUZZ_EXAMPLES inputs (default 2000) per
+# decoder and per listener of a real broker; prints the inputs tried and the
+# findings.  `make test` runs the same suite briefly (30 inputs per target).
+fuzz: $(STAMP)
+	SKAN_FUZZ=long $(PY) -m pytest tests/fuzz -p no:cacheprovider -rxX \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from broker.core.reasons import ErrorKind
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan import MAGIC, Nested, encode_item
 
@@ -85,6 +86,32 @@ def build_send(
     return Injected(len(body).to_bytes(4, "big") + body, header)
 
 
+class FrameTooLarge(Exception):
+    """A message the broker built is larger than ``max_frame`` (see :func:`check_injected`)."""
+
+
+def check_injected(router: Router, endpoint: Endpoint, message: Injected) -> None:
+    """Hold a message the broker built (from an HSP payload, a Hat event, a
+    bridged event) to the same ``max_frame`` as received Skan frames, so no
+    Skan client with that limit is ever sent a frame it must refuse.
+
+    Raises :class:`FrameTooLarge`, counted here once (a protocol error of
+    ``endpoint``'s protocol, kind ``too-large``); the caller refuses the
+    input at its edge with its own protocol's error.
+    """
+    limit = router.max_frame
+    size = len(message.frame) - 4
+    if limit is not None and size > limit:
+        router.counters.protocol_error(endpoint.protocol, ErrorKind.TOO_LARGE)
+        raise FrameTooLarge(f"its Skan message of {size} bytes exceeds max_frame ({limit} bytes)")
+
+
 def route_injected(router: Router, endpoint: Endpoint, message: Injected) -> Routed:
-    """Route an injected message as ``endpoint``'s own send."""
+    """Route an injected message as ``endpoint``'s own send.
+
+    Raises :class:`FrameTooLarge` (counted, nothing routed) when it passes
+    ``max_frame``: every injected message enters routing here, so the rule
+    is enforced in one place.
+    """
+    check_injected(router, endpoint, message)
     return router.route(endpoint, message.frame, message.header)

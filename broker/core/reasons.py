@@ -77,6 +77,8 @@ class ErrorKind(StrEnum):
     MALFORMED = "malformed"
     # A well-formed message with a semantic fault (answered, connection kept).
     REJECTED = "rejected"
+    # A subscribe past [broker] max_subscriptions (answered, connection kept).
+    MAX_SUBSCRIPTIONS = "max-subscriptions"
     # A payload or frame over the size limit.
     TOO_LARGE = "too-large"
     # Credentials refused, or a message before the handshake.

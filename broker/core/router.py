@@ -7,9 +7,13 @@ call :meth:`Router.route`; the router picks the recipients and calls
 ``endpoint.deliver(frame, routed)`` on each, which must never block (it
 queues, or applies the slow-consumer policy).
 
-Recipient sets are cached per (group, instance, to, is-reply) and the whole
-cache is dropped on any subscription or connection change, so steady-state
-routing is one dict lookup plus one ``deliver`` per recipient.
+Recipient sets are cached per (group, instance, to, is-reply), so
+steady-state routing is one dict lookup plus one ``deliver`` per recipient.
+A subscription change drops only the cached sets of its own group (a Hat
+pattern with a wildcard first segment, which may match any group, drops
+them all), and a connection's arrival or departure only those of its
+groups and of messages addressed to it: one client churning subscriptions
+does not make every other client's traffic miss the cache.
 """
 
 from __future__ import annotations
@@ -46,6 +50,48 @@ RouteKey = tuple[bytes, bytes, bytes, bool]
 # many distinct instances) would otherwise grow the cache without limit.
 # When full it is simply cleared; rebuilding an entry is one index walk.
 CACHE_LIMIT = 65_536
+
+# Default of ``[broker] max_subscriptions``: subscriptions (instance
+# subscriptions plus Hat patterns) one connection may hold.  Every one is
+# state the broker keeps and, for patterns, work on every cache miss, so one
+# client must not be able to create them without bound; real clients use a
+# handful, so this only stops runaway or hostile ones.
+DEFAULT_MAX_SUBSCRIPTIONS = 10_000
+
+# Cache key: (group, instance, to, is-reply).
+CacheKey = tuple[bytes, bytes, bytes, bool]
+
+
+class _GroupMembers:
+    """Per group: which endpoints hold a subscription of each kind, on any instance.
+
+    Counts per endpoint (an endpoint may subscribe several instances), so a
+    message sent with instance "*" finds its recipients without walking every
+    instance map of the group.
+    """
+
+    __slots__ = ("broadcast", "directed", "promisc")
+
+    def __init__(self) -> None:
+        # normal or promisc: take to="*" messages
+        self.broadcast: dict[Endpoint, int] = {}
+        # normal or meonly: make a directed message's target eligible
+        self.directed: dict[Endpoint, int] = {}
+        # promisc: see every message of the group
+        self.promisc: dict[Endpoint, int] = {}
+
+    def add(self, ep: Endpoint, subtype: int, delta: int) -> None:
+        for table, takes in (
+            (self.broadcast, subtype != MEONLY),
+            (self.directed, subtype != PROMISC),
+            (self.promisc, subtype == PROMISC),
+        ):
+            if takes:
+                n = table.get(ep, 0) + delta
+                if n:
+                    table[ep] = n
+                else:
+                    del table[ep]
 
 
 class Endpoint:
@@ -129,6 +175,9 @@ class Counters:
     dropped: int = 0
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
+    # Subscribes refused by max_subscriptions (also counted as protocol errors
+    # by the adapter that answered them).
+    subscriptions_refused: int = 0
     accepted: dict[str, int] = attrs.Factory(dict)
     closed: dict[str, int] = attrs.Factory(dict)
     # Totals of endpoints that have gone, so per-protocol sums survive disconnects.
@@ -210,6 +259,13 @@ def _patterns_take(
 LNAME_RANDOM_BYTES = 8
 
 
+def _may_get_reply(target: Endpoint, group: bytes) -> bool:
+    """A reply reaches its requester regardless of subscriptions, but only in a
+    group the requester may subscribe to (as NATS asks for subscribe permission
+    on reply subjects)."""
+    return target.perms is None or target.perms.may_subscribe(group)
+
+
 class _LnameFactory:
     """lnames in the msgq format ``%x_%x@%s``: hex time, then the hex counter
     followed by 16 hex digits from :mod:`secrets`, then the host.
@@ -236,23 +292,45 @@ class Router:
         *,
         hostname: str | None = None,
         clock: Callable[[], float] = time.time,
+        max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
+        max_frame: int | None = None,
         server_id: int = 0,
     ):
         self.clock = clock
         self.server_id = server_id
+        # Per connection (instance subscriptions plus patterns); past it a
+        # subscribe is refused (counted), see subscribe().
+        self.max_subscriptions = max_subscriptions
+        # Bound on frames the broker builds itself (None: unchecked), see
+        # broker.core.inject.check_injected().
+        self.max_frame = max_frame
         self.started = clock()
         self.counters = Counters()
         self._new_lname = _LnameFactory(hostname)
         self.endpoints: dict[bytes, Endpoint] = {}
         # group -> instance -> {endpoint: subtype}
         self._subs: dict[bytes, dict[bytes, dict[Endpoint, int]]] = {}
+        # group -> who subscribes what kind on any instance (instance "*" sends)
+        self._members: dict[bytes, _GroupMembers] = {}
         # endpoint -> {(group, instance)} for removal on disconnect
         self._owned: dict[Endpoint, set[tuple[bytes, bytes]]] = {}
         # endpoint -> {pattern: subtype}; Hat event-type patterns (Eventer, Mariner, bridges)
         self._patterns: dict[Endpoint, dict[tuple[bytes, ...], int]] = {}
+        # Pattern holders by the pattern's first segment (None: a wildcard
+        # first segment, which may match any group), with pattern counts.
+        self._pattern_groups: dict[bytes | None, dict[Endpoint, int]] = {}
         self.subscription_count = 0
-        self._cache: dict[tuple[bytes, bytes, bytes, bool], tuple[Endpoint, ...]] = {}
+        self._cache: dict[CacheKey, tuple[Endpoint, ...]] = {}
+        # Which cached keys to drop on a change: per group, and per directed
+        # target lname (an endpoint arriving or leaving changes those).
+        self._cache_by_group: dict[bytes, set[CacheKey]] = {}
+        self._cache_by_target: dict[bytes, set[CacheKey]] = {}
+        # Bumped on every subscription or connection change (the routing log
+        # keys its own caches on it).
         self.generation = 0
+        # Live connections per protocol, kept current so ``stats`` never walks
+        # every endpoint (a burst of stats requests must stay cheap).
+        self.live: dict[str, int] = {}
         # Sessions must increase strictly across restarts: start from the
         # clock in microseconds (a broker opens far fewer than 10^6 batches/s).
         self.session = int(clock() * 1_000_000)
@@ -363,7 +441,8 @@ class Router:
             ep.perms = new.perms
             if new.perms is not None:
                 self._prune(ep, new.perms)
-        self._changed()
+        # Permissions decide reply eligibility in every group: drop every cached set.
+        self._invalidate_group(None)
         return revoked
 
     def _prune(self, ep: Endpoint, perms: Permissions) -> None:
@@ -386,7 +465,11 @@ class Router:
         endpoint.lname = lname
         self.endpoints[lname] = endpoint
         acc = self.counters.accepted
-        acc[endpoint.protocol] = acc.get(endpoint.protocol, 0) + 1
+        proto = endpoint.protocol
+        acc[proto] = acc.get(proto, 0) + 1
+        self.live[proto] = self.live.get(proto, 0) + 1
+        # Directed messages to this lname may have been cached (as undeliverable).
+        self._invalidate_target(lname)
         return lname
 
     def detach(self, endpoint: Endpoint, reason: str = CloseReason.CLOSED) -> None:
@@ -395,17 +478,22 @@ class Router:
             return
         endpoint.closed = True
         del self.endpoints[endpoint.lname]
+        self.live[endpoint.protocol] -= 1
         if endpoint.principal is not None:
             self.auth.release(endpoint.principal)
         for group, instance in self._owned.pop(endpoint, ()):
             self._remove(endpoint, group, instance)
+            self._invalidate_group(group)
         pats = self._patterns.pop(endpoint, None)
         if pats:
             self.subscription_count -= len(pats)
+            for pattern in pats:
+                self._pattern_index(endpoint, pattern, -1)
             for callback in self.interest:
                 for pat in pats:
                     callback(pat, False)
-        self._changed()
+        self._invalidate_target(endpoint.lname)
+        self.generation += 1
         c = self.counters
         key = f"{endpoint.protocol}:{reason}"
         c.closed[key] = c.closed.get(key, 0) + 1
@@ -421,13 +509,56 @@ class Router:
 
     # ---- subscriptions ---------------------------------------------------
 
-    def _changed(self) -> None:
+    def _invalidate_group(self, group: bytes | None) -> None:
+        """Drop the cached recipient sets of one group (None: of every group)."""
         self.generation += 1
-        self._cache.clear()
+        if group is None:
+            self._cache.clear()
+            self._cache_by_group.clear()
+            self._cache_by_target.clear()
+            return
+        keys = self._cache_by_group.pop(group, None)
+        if keys:
+            self._drop_keys(keys, self._cache_by_target, 2)
 
-    def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> None:
+    def _invalidate_target(self, lname: bytes) -> None:
+        keys = self._cache_by_target.pop(lname, None)
+        if keys:
+            self._drop_keys(keys, self._cache_by_group, 0)
+
+    def _drop_keys(
+        self, keys: set[CacheKey], other: dict[bytes, set[CacheKey]], field: int
+    ) -> None:
+        """Forget cached keys, also from the other index (keyed by ``key[field]``)."""
+        cache = self._cache
+        for key in keys:
+            cache.pop(key, None)
+            peers = other.get(key[field])
+            if peers is not None:
+                peers.discard(key)
+                if not peers:
+                    del other[key[field]]
+
+    def subscription_total(self, endpoint: Endpoint) -> int:
+        """Subscriptions ``endpoint`` holds: instance subscriptions plus patterns."""
+        return len(self._owned.get(endpoint, ())) + len(self._patterns.get(endpoint, ()))
+
+    def subscriptions_fit(self, endpoint: Endpoint, n: int = 1) -> bool:
+        """Whether ``n`` more subscriptions stay within ``max_subscriptions``.
+
+        A refusal is counted here (``subscriptions_refused``); the adapter
+        answers with its protocol's refusal and counts that as a protocol error.
+        """
+        if self.subscription_total(endpoint) + n <= self.max_subscriptions:
+            return True
+        self.counters.subscriptions_refused += 1
+        return False
+
+    def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> bool:
         """Keyed (group, instance, endpoint): re-subscribing replaces the subtype.
 
+        Returns False (counted, nothing changed) when a new subscription would
+        pass ``max_subscriptions``; replacing a subtype is always allowed.
         Raises :class:`NotPermitted` (counted; nothing subscribed) outside the
         endpoint's subscribe permissions.
         """
@@ -436,17 +567,29 @@ class Router:
             problem = perms.subscribe_problem(group, subtype == PROMISC)
             if problem is not None:
                 raise self._denied(endpoint, SUBSCRIBE, problem)
-        gmap = self._subs.get(group)
-        if gmap is None:
-            gmap = self._subs[group] = {}
-            for callback in self.interest:
-                callback(group, True)
-        inst_map = gmap.setdefault(instance, {})
-        if endpoint not in inst_map:
+        inst_map = self._subs.get(group, {}).get(instance)
+        old = None if inst_map is None else inst_map.get(endpoint)
+        if old is None and not self.subscriptions_fit(endpoint):
+            return False
+        if inst_map is None:
+            gmap = self._subs.get(group)
+            if gmap is None:
+                gmap = self._subs[group] = {}
+                for callback in self.interest:
+                    callback(group, True)
+            inst_map = gmap.setdefault(instance, {})
+        members = self._members.get(group)
+        if members is None:
+            members = self._members[group] = _GroupMembers()
+        if old is None:
             self.subscription_count += 1
             self._owned.setdefault(endpoint, set()).add((group, instance))
+        else:
+            members.add(endpoint, old, -1)
         inst_map[endpoint] = subtype
-        self._changed()
+        members.add(endpoint, subtype, 1)
+        self._invalidate_group(group)
+        return True
 
     def _remove(self, endpoint: Endpoint, group: bytes, instance: bytes) -> bool:
         gmap = self._subs.get(group)
@@ -455,12 +598,13 @@ class Router:
         inst_map = gmap.get(instance)
         if inst_map is None or endpoint not in inst_map:
             return False
-        del inst_map[endpoint]
+        self._members[group].add(endpoint, inst_map.pop(endpoint), -1)
         self.subscription_count -= 1
         if not inst_map:
             del gmap[instance]
             if not gmap:
                 del self._subs[group]
+                del self._members[group]
                 for callback in self.interest:
                     callback(group, False)
         return True
@@ -469,13 +613,33 @@ class Router:
         """No-op when the subscription does not exist."""
         if self._remove(endpoint, group, instance):
             self._owned[endpoint].discard((group, instance))
-            self._changed()
+            self._invalidate_group(group)
+
+    @staticmethod
+    def _pattern_group(pattern: tuple[bytes, ...]) -> bytes | None:
+        """The one group a pattern can match, or None when its first segment is a wildcard."""
+        if not pattern or pattern[0] in (STAR, b"?"):
+            return None
+        return pattern[0]
+
+    def _pattern_index(self, endpoint: Endpoint, pattern: tuple[bytes, ...], delta: int) -> None:
+        group = self._pattern_group(pattern)
+        holders = self._pattern_groups.setdefault(group, {})
+        n = holders.get(endpoint, 0) + delta
+        if n:
+            holders[endpoint] = n
+        else:
+            holders.pop(endpoint, None)
+            if not holders:
+                del self._pattern_groups[group]
+        self._invalidate_group(group)
 
     def subscribe_pattern(
         self, endpoint: Endpoint, pattern: Iterable[bytes], subtype: int = NORMAL
-    ) -> None:
+    ) -> bool:
         """Subscribe to every message whose event type matches a Hat pattern.
 
+        Returns False (counted) when it would pass ``max_subscriptions``.
         Raises :class:`NotPermitted` (counted) when the pattern reaches a group
         outside the endpoint's subscribe permissions.
         """
@@ -485,22 +649,30 @@ class Router:
             problem = perms.pattern_problem(pattern, subtype == PROMISC)
             if problem is not None:
                 raise self._denied(endpoint, SUBSCRIBE, problem)
-        pats = self._patterns.setdefault(endpoint, {})
-        if pattern not in pats:
+        pats = self._patterns.get(endpoint)
+        if pats is None or pattern not in pats:
+            if not self.subscriptions_fit(endpoint):
+                return False
+            if pats is None:
+                pats = self._patterns[endpoint] = {}
             self.subscription_count += 1
+            pats[pattern] = subtype
+            self._pattern_index(endpoint, pattern, 1)
             for callback in self.interest:
                 callback(pattern, True)
-        pats[pattern] = subtype
-        self._changed()
+        else:
+            pats[pattern] = subtype
+            self._invalidate_group(self._pattern_group(pattern))
+        return True
 
     def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
         pats = self._patterns.get(endpoint)
         pattern = tuple(pattern)
         if pats and pats.pop(pattern, None) is not None:
             self.subscription_count -= 1
+            self._pattern_index(endpoint, pattern, -1)
             for callback in self.interest:
                 callback(pattern, False)
-            self._changed()
 
     @property
     def group_count(self) -> int:
@@ -519,35 +691,50 @@ class Router:
         self, group: bytes, instance: bytes, to: bytes, reply: bool
     ) -> tuple[Endpoint, ...]:
         out: dict[Endpoint, None] = {}
-        gmap = self._subs.get(group, {})
         if instance == STAR:
-            inst_maps = list(gmap.values())
+            # Every instance of the group: the per-group tables, not the instance maps.
+            members = self._members.get(group)
+            if members is not None:
+                if to == STAR:
+                    out.update(dict.fromkeys(members.broadcast))
+                else:
+                    target = self.endpoints.get(to)
+                    if target is not None and (
+                        (reply and _may_get_reply(target, group)) or target in members.directed
+                    ):
+                        out[target] = None
+                    out.update(dict.fromkeys(members.promisc))
+            elif to != STAR and reply:
+                target = self.endpoints.get(to)
+                if target is not None and _may_get_reply(target, group):
+                    out[target] = None
         else:
+            gmap = self._subs.get(group, {})
             inst_maps = [m for m in (gmap.get(instance), gmap.get(STAR)) if m]
-        if to == STAR:
-            for inst_map in inst_maps:
-                for ep, st in inst_map.items():
-                    if st != MEONLY:
-                        out[ep] = None
-        else:
-            target = self.endpoints.get(to)
-            if target is not None and (
-                (reply and (target.perms is None or target.perms.may_subscribe(group)))
-                or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
-            ):
-                # A reply reaches its requester regardless of subscriptions, but
-                # only in a group the requester may subscribe to (as NATS asks
-                # for subscribe permission on reply subjects).
-                out[target] = None
-            for inst_map in inst_maps:
-                for ep, st in inst_map.items():
-                    if st == PROMISC:
-                        out[ep] = None
-        if self._patterns:
+            if to == STAR:
+                for inst_map in inst_maps:
+                    for ep, st in inst_map.items():
+                        if st != MEONLY:
+                            out[ep] = None
+            else:
+                target = self.endpoints.get(to)
+                if target is not None and (
+                    (reply and _may_get_reply(target, group))
+                    or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
+                ):
+                    out[target] = None
+                for inst_map in inst_maps:
+                    for ep, st in inst_map.items():
+                        if st == PROMISC:
+                            out[ep] = None
+        if self._pattern_groups:
             etype = event_type(group, instance)
-            for ep, pats in self._patterns.items():
-                if _patterns_take(pats, etype, to, ep.lname):
-                    out[ep] = None
+            patterns = self._patterns
+            for holders in (self._pattern_groups.get(group), self._pattern_groups.get(None)):
+                if holders:
+                    for ep in holders:
+                        if ep not in out and _patterns_take(patterns[ep], etype, to, ep.lname):
+                            out[ep] = None
         return tuple(out)
 
     def pattern_receives(
@@ -573,7 +760,18 @@ class Router:
             recips = self._recipients(group, instance, to, reply)
             if len(self._cache) >= CACHE_LIMIT:
                 self._cache.clear()
+                self._cache_by_group.clear()
+                self._cache_by_target.clear()
             self._cache[key] = recips
+            keys = self._cache_by_group.get(group)
+            if keys is None:
+                keys = self._cache_by_group[group] = set()
+            keys.add(key)
+            if to != STAR:
+                keys = self._cache_by_target.get(to)
+                if keys is None:
+                    keys = self._cache_by_target[to] = set()
+                keys.add(key)
         return recips
 
     def route(
@@ -691,10 +889,12 @@ class Router:
     def stats(self) -> dict[str, Any]:
         """The body of the Skan ``stats`` reply (ints are sent as decimal strings)."""
         c = self.counters
-        per = self.per_protocol()
+        # Kept current by attach/detach: no walk over the endpoints, so a
+        # burst of stats requests costs the same with 10 or 10,000 connections.
+        connections = {p: self.live.get(p, 0) for p in sorted(set(c.accepted) | set(self.live))}
         return {
             "uptime": int(self.clock() - self.started),
-            "connections": {p: v["connections"] for p, v in per.items()},
+            "connections": connections,
             "messages_in": c.msgs_in,
             "bytes_in": c.bytes_in,
             "messages_out": c.msgs_out,
@@ -703,6 +903,7 @@ class Router:
             "dropped": c.dropped,
             "slow_consumer_disconnects": c.slow_consumer_disconnects,
             "protocol_errors": c.protocol_errors,
+            "subscriptions_refused": c.subscriptions_refused,
             "groups": self.group_count,
             "subscriptions": self.subscription_count,
         } | {name: section() for name, section in self.stats_sections.items()}

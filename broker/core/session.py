@@ -11,12 +11,84 @@ a :class:`Rejected` for a well-formed message with a semantic fault.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from time import perf_counter
+from typing import Any, Generic, TypeVar
 
 import attrs
 
+from broker.core.reasons import ErrorKind
 from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
 from wire.skan import Nested, codec, decode_header, encode_frame
+
+# Bounded work per scheduling slice.  A listener handles received messages
+# (frames, HSP commands) for at most SLICE_SECONDS of wall time, or about
+# SLICE_BYTES of their bytes, before it lets the event loop run the other
+# connections; the rest of the chunk waits in its InputSlices for the next
+# slice.  One connection's burst -- thousands of subscribes or stats requests
+# in one write, or a run of multi-MiB frames -- then delays every other
+# connection by about one slice, not by the whole burst.  Half a millisecond
+# keeps a bystander's median latency under 2 ms during subscription churn
+# (measured 1.2-1.7 ms on a busy machine) while a saturating publisher's
+# deliveries per CPU-second stay those of unsliced reading (0.2 ms slices
+# cost about 10 % there: one scheduler round trip per slice); the clock is
+# read only every SLICE_CHECK messages so the hot path does not pay for it.
+SLICE_SECONDS = 0.0005
+SLICE_CHECK = 16
+SLICE_BYTES = 1 << 20
+
+T = TypeVar("T")
+
+
+class InputSlices(Generic[T]):
+    """Decoded input of one connection not yet handled, handed out in bounded slices."""
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.pos = 0
+
+    def add(self, items: list[T]) -> None:
+        if self.pos < len(self.items):
+            self.items = self.items[self.pos :] + items
+        else:
+            self.items = items
+        self.pos = 0
+
+    def take(self, size: Callable[[T], int] = len) -> Iterator[list[T]]:  # type: ignore[assignment]
+        """Yield the items of one slice, SLICE_CHECK at a time (the caller loops
+        over each list): until SLICE_SECONDS have passed or the items handed
+        out reach SLICE_BYTES, both checked between the lists.  What is left
+        stays pending.  (One generator step per SLICE_CHECK items keeps the
+        per-message cost of slicing to a few nanoseconds.)"""
+        items = self.items
+        n = len(items)
+        i = self.pos
+        if i == 0 and n <= SLICE_CHECK:
+            # The common case: a chunk of a few messages is one slice.
+            self.pos = n
+            yield items
+            return
+        stop_at = perf_counter() + SLICE_SECONDS
+        budget = SLICE_BYTES
+        while i < n:
+            chunk = items[i : i + SLICE_CHECK]
+            i += len(chunk)
+            self.pos = i
+            yield chunk
+            budget -= sum(map(size, chunk))
+            if budget <= 0 or perf_counter() >= stop_at:
+                return
+
+    @property
+    def pending(self) -> bool:
+        """More items wait for a later slice."""
+        return self.pos < len(self.items)
+
+    def clear(self) -> None:
+        self.items = []
+        self.pos = 0
 
 
 @attrs.frozen
@@ -28,6 +100,8 @@ class Rejected:
     close: bool = False
     # A refusal of section 7 (credentials or permissions): HSP answers ERROR 4.
     denied: bool = False
+    # Kind of protocol error it is counted as (a metric label).
+    label: ErrorKind = ErrorKind.REJECTED
 
     def error_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "error", "error": self.reason}
@@ -187,7 +261,14 @@ class SkanSession:
                 f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
             )
         try:
-            self.router.subscribe(self.endpoint, group, instance, subtype)
+            subscribed = self.router.subscribe(self.endpoint, group, instance, subtype)
         except NotPermitted as exc:
             return Rejected(exc.reason, seq, denied=True)
+        if not subscribed:
+            return Rejected(
+                f"too many subscriptions: this connection already holds "
+                f"{self.router.max_subscriptions} (max_subscriptions)",
+                seq,
+                label=ErrorKind.MAX_SUBSCRIPTIONS,
+            )
         return None

@@ -188,6 +188,8 @@ class ServerConnection:
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
         self.max_head = max_head
         self._current: Request | HTTPError | None = None
+        # The request being answered is a HEAD (its response has no body).
+        self._head = False
         # True once the last reply said "Connection: close".
         self.closed = False
         # True once the peer ended its side of the stream.
@@ -229,6 +231,9 @@ class ServerConnection:
             self._current = HTTPError(status, reason)
             return self._current
         if isinstance(event, h11.Request):
+            # h11 frames the response to a HEAD request without a body, even
+            # an error response (505 for "HEAD / HTTP/2.0"): remember it.
+            self._head = event.method == b"HEAD"
             self._current = self._check(event)
             return self._current
         if isinstance(event, h11.ConnectionClosed):
@@ -282,8 +287,9 @@ class ServerConnection:
         conn = self._h11
         out = conn.send(h11.Response(status_code=reply.status, headers=headers,
                                      reason=REASONS.get(reply.status, "Unknown")))
-        if not (isinstance(item, Request) and item.method == "HEAD"):
+        if not self._head:
             out += conn.send(h11.Data(data=reply.body))
+        self._head = False
         out += conn.send(h11.EndOfMessage())
         if keep:
             # The request had no body: its end is already in h11's buffer.

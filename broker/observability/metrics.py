@@ -364,6 +364,11 @@ class BrokerCollector(Collector):
         yield _counter("skan_routelog_lost_records",
                        "Routing-log records given up at stop because the disk kept failing.",
                        log.lost)
+        yield _counter("skan_routelog_pruned_files",
+                       "Complete routing-log files removed by retention ([log] max_bytes, "
+                       "max_age), oldest first.", log.pruned_files)
+        yield _counter("skan_routelog_pruned_bytes",
+                       "Bytes of routing-log files removed by retention.", log.pruned_bytes)
         yield _gauge("skan_routelog_writer_failed",
                      "1 once the routing-log writer has stopped on an unexpected error.",
                      0 if log.failure is None else 1)

@@ -47,10 +47,12 @@ class StartupError(Exception):
 
 def new_router(config: Config) -> Router:
     """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
-    server_id = config.broker.server_id
+    b = config.broker
+    limits = {"max_subscriptions": b.max_subscriptions, "max_frame": b.max_frame}
     if config.cluster.enabled:
-        return Router(hostname=f"{socket.gethostname()}/{server_id}", server_id=server_id)
-    return Router(server_id=server_id)
+        return Router(hostname=f"{socket.gethostname()}/{b.server_id}", server_id=b.server_id,
+                      **limits)
+    return Router(server_id=b.server_id, **limits)
 
 
 def _print_ready(lines: list[str]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from broker.core.inject import Injected, route_injected
+from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
@@ -46,17 +46,31 @@ class BridgeStatus:
     last_error: str = ""
     # Set once a refusal by the bridge's user's permissions has been logged.
     denied_logged: bool = False
+    # Set once a received message refused for passing max_frame has been logged.
+    too_large_logged: bool = False
 
 
-def bridge_route(router: Router, ep: Endpoint, message: Injected, status: BridgeStatus) -> bool:
-    """Route a message the bridge received; False when the bridge's ``user``
-    may not send it (counted in skan_permission_denied_total, logged once)."""
+def bridge_route(
+    router: Router, ep: Endpoint, message: Injected, status: BridgeStatus
+) -> NotPermitted | FrameTooLarge | None:
+    """Route a message the bridge received; None once routed, else the refusal:
+    :class:`NotPermitted` when the bridge's ``user`` may not send it (counted in
+    skan_permission_denied_total), :class:`FrameTooLarge` when its Skan message
+    would pass ``max_frame`` (counted as a too-large protocol error).  Each kind
+    is logged once per bridge, then only counted."""
     try:
         route_injected(router, ep, message)
     except NotPermitted as exc:
         _denied(status, exc)
-        return False
-    return True
+        return exc
+    except FrameTooLarge as exc:
+        status.last_error = f"a received message was refused: {exc}"
+        if not status.too_large_logged:
+            status.too_large_logged = True
+            log.warning("bridge %s: %s (further ones are only counted)",
+                        status.name, status.last_error)
+        return exc
+    return None
 
 
 def _denied(status: BridgeStatus, exc: NotPermitted) -> None:

@@ -19,6 +19,7 @@ import attrs
 
 from broker.core.auth import Authenticator, group_pattern_problem, hash_token
 from broker.core.queue import MIN_QUEUE_LIMIT
+from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -95,6 +96,11 @@ class BrokerSection:
     # Bind client listeners with SO_REUSEPORT, so several broker processes
     # (``--workers``) share the ports and the kernel spreads connections.
     reuse_port: bool = False
+    # Subscriptions (Skan instance subscriptions plus Hat patterns) one
+    # connection may hold; past it a subscribe is refused (counted).
+    max_subscriptions: int = attrs.field(
+        default=DEFAULT_MAX_SUBSCRIPTIONS, validator=_positive
+    )
 
 
 def _port_field(default: int) -> Any:

@@ -128,7 +128,7 @@ class EventerBridge:
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            if bridge_route(self.router, self.ep, message, self.status):
+            if bridge_route(self.router, self.ep, message, self.status) is None:
                 self.status.received += 1
         self.router.end_batch()
 

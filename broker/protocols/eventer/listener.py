@@ -22,11 +22,12 @@ from typing import Any
 import trio
 
 from broker.core import events
-from broker.core.inject import route_injected
+from broker.core.inject import FrameTooLarge, check_injected, route_injected
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
+from broker.core.session import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed, payload_from_wire, ts_from_wire
 from broker.protocols.eventer.query import (
     Answer,
@@ -42,12 +43,6 @@ from wire import eventer as w
 from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
-
-# Patterns one client may subscribe.  Each is checked on every recipient-set
-# cache miss for every routed type, so an unbounded list from one client would
-# slow routing for all; Hat clients use a handful.
-MAX_SUBSCRIPTIONS = 10_000
-
 
 def check_subscription(pattern: w.EventType) -> str | None:
     """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
@@ -131,6 +126,8 @@ class EventerEndpoint(QueuedEndpoint):
         self.backlog: deque[list[bytes]] = deque()
         self.backlog_bytes = 0
         self.seq = 0
+        # Requests received but not yet handled (bounded work per slice).
+        self.input: InputSlices[object] = InputSlices()
         # MsgInitReq persisted: batches wait in ``unpersisted`` (with the
         # EventId of their last message) until the store has committed them.
         self.persisted = False
@@ -221,18 +218,26 @@ class EventerEndpoint(QueuedEndpoint):
 
     # ---- client side ---------------------------------------------------------------
 
-    def on_bytes(self, data: bytes) -> None:
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of requests (a burst of
+        queries or registrations); True when requests are left for another
+        slice (the transport calls again with b"")."""
+        inp = self.input
         try:
-            requests = self.proto.receive_data(data, self.now())
-            for req in requests:
-                if isinstance(req, w.EventsAcked):
-                    continue
-                if isinstance(req, w.InitRequest):
-                    self._init(req)
-                elif isinstance(req, w.RegisterRequest):
-                    self._register(req)
-                elif isinstance(req, w.QueryRequest):
-                    self._query(req)
+            if data:
+                inp.add(self.proto.receive_data(data, self.now()))
+            for requests in inp.take(_no_bytes):
+                for req in requests:
+                    if isinstance(req, w.EventsAcked):
+                        continue
+                    if isinstance(req, w.InitRequest):
+                        self._init(req)
+                    elif isinstance(req, w.RegisterRequest):
+                        self._register(req)
+                    elif isinstance(req, w.QueryRequest):
+                        self._query(req)
+                    if self.closing is not None:
+                        break
                 if self.closing is not None:
                     break
             if self.backlog and self.proto.credit > 0:
@@ -240,6 +245,10 @@ class EventerEndpoint(QueuedEndpoint):
         except ProtocolError as exc:
             self._fatal(str(exc))
         self._write()
+        if self.closing is not None:
+            inp.clear()
+            return False
+        return inp.pending
 
     def partial_bytes(self) -> int:
         return self.proto.chatter.buffered
@@ -260,9 +269,10 @@ class EventerEndpoint(QueuedEndpoint):
             self._refuse(req, refused, ErrorKind.NOT_AUTHORISED)
             return
         reason = None
-        if len(r.subscriptions) > MAX_SUBSCRIPTIONS:
-            reason = reason or (f"too many subscriptions: {len(r.subscriptions)} "
-                                f"(at most {MAX_SUBSCRIPTIONS} per connection)")
+        # [broker] max_subscriptions bounds the patterns of one connection.
+        if not self.router.subscriptions_fit(self, len(r.subscriptions)):
+            reason = (f"too many subscriptions: {len(r.subscriptions)} "
+                      f"(at most {self.router.max_subscriptions} per connection)")
         for pattern in r.subscriptions:
             reason = reason or check_subscription(pattern)
         if reason is not None:
@@ -315,6 +325,15 @@ class EventerEndpoint(QueuedEndpoint):
                     self.router.check_publish(self, message.header[b"group"])
             except NotPermitted as exc:
                 failure = exc.reason
+        if failure is None:
+            # Every event must fit max_frame before any is routed (the
+            # registration succeeds or fails as a whole); counted once.
+            for i, message in enumerate(sends, 1):
+                try:
+                    check_injected(self.router, self, message)
+                except FrameTooLarge as exc:
+                    failure = f"event {i}: {exc}"
+                    break
         if failure is not None:
             log.info("eventer %s (%s): registration failed: %s", self.lname.decode(),
                      self.client_name, failure)
@@ -389,6 +408,11 @@ class EventerEndpoint(QueuedEndpoint):
             return
         if self.backlog and self.proto.credit > 0:
             self._drain_backlog()
+
+
+def _no_bytes(request: object) -> int:
+    """Eventer requests are sliced by time only (the Chatter limits bound their size)."""
+    return 0
 
 
 def _nothing() -> None:

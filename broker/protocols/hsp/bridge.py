@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from broker.core.inject import build_send
+from broker.core.inject import FrameTooLarge, build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.router import Routed, Router
@@ -137,13 +137,24 @@ class HSPBridge:
 
     # ---- incoming -------------------------------------------------------------
 
-    def route_in(self, hsp_type: int, payload: bytes) -> None:
-        """Route a payload from the peer into the configured group and instance."""
+    def route_in(self, hsp_type: int, payload: bytes) -> str | None:
+        """Route a payload from the peer into the configured group and instance.
+
+        Returns why it was refused when its Skan message would pass
+        ``max_frame`` (counted; a DATA_ACK is answered ERROR 3), else None
+        (routed, or refused by the bridge user's permissions: counted and
+        logged by bridge_route).
+        """
         self._seq += 1
         message = build_send(self.ep.lname, self.group, self.instance, self._seq, payload,
                              {HSP_TYPE_TAG: str(hsp_type).encode()})
-        if bridge_route(self.router, self.ep, message, self.status):
+        refused = bridge_route(self.router, self.ep, message, self.status)
+        if refused is None:
             self.status.received += 1
+            return None
+        if isinstance(refused, FrameTooLarge):
+            return f"payload of {len(payload)} bytes: {refused}"
+        return None  # not permitted: counted and logged by bridge_route; ACKed as before
 
     # ---- one connection -------------------------------------------------------
 
@@ -268,10 +279,14 @@ class _Link:
                         bridge.status.name, ev.message_id, detail)
             self._acked.set()
         elif t is Data:
+            # A refused DATA cannot be answered: counted (and logged) by route_in.
             bridge.route_in(ev.type, ev.payload)
         elif t is DataAck:
-            bridge.route_in(ev.type, ev.payload)
-            self._push(self.hsp.send(Ack(ev.message_id)))
+            refused = bridge.route_in(ev.type, ev.payload)
+            if refused is None:
+                self._push(self.hsp.send(Ack(ev.message_id)))
+            else:
+                self._push(self.hsp.send(Error(ev.message_id, TOO_LARGE, refused.encode())))
         elif t is Ping:
             self._push(self.hsp.send(Pong()))
         elif t is Oversized:

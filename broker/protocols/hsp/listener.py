@@ -31,6 +31,7 @@ complete HSP message has arrived.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -38,7 +39,7 @@ import trio
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import Rejected, SkanSession, error_frame
+from broker.core.session import InputSlices, Rejected, SkanSession, error_frame
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
 from wire.hsp import (
@@ -92,6 +93,8 @@ class HSPEndpoint(QueuedEndpoint):
         self.counters = router.counters
         # While a DATA_ACK is being handled, its replies wait here so the ACK goes first.
         self._held: list[bytes] | None = None
+        # Commands received but not yet handled (bounded work per slice).
+        self.input: InputSlices[Event] = InputSlices()
 
     # ---- outgoing ---------------------------------------------------------
 
@@ -114,8 +117,9 @@ class HSPEndpoint(QueuedEndpoint):
     def partial_bytes(self) -> int:
         return self.hsp.buffered
 
-    def _answer_error(self, mid: int, code: int, reason: str) -> None:
-        self.counters.protocol_error(self.protocol, ERROR_REASONS[code])
+    def _answer_error(self, mid: int, code: int, reason: str,
+                      kind: ErrorKind | None = None) -> None:
+        self.counters.protocol_error(self.protocol, kind or ERROR_REASONS[code])
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
     def _data_error(self, label: ErrorKind, rejected: Rejected) -> None:
@@ -125,24 +129,35 @@ class HSPEndpoint(QueuedEndpoint):
 
     # ---- incoming ---------------------------------------------------------
 
-    def on_bytes(self, data: bytes) -> None:
-        try:
-            events = self.hsp.receive_data(data)
-        except ProtocolError as exc:
-            self._apply(exc.events)
-            if self.closing is None:
-                self._data_error(ErrorKind.PROTOCOL_VIOLATION,
-                                 Rejected(f"HSP protocol error: {exc.reason}"))
-                self.closing = CloseReason.PROTOCOL_ERROR
-            return
-        self._apply(events)
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of commands; True when commands
+        are left for another slice (the transport calls again with b"")."""
+        inp = self.input
+        if data:
+            try:
+                inp.add(self.hsp.receive_data(data))
+            except ProtocolError as exc:
+                inp.clear()
+                self._apply(exc.events)
+                if self.closing is None:
+                    self._data_error(ErrorKind.PROTOCOL_VIOLATION,
+                                     Rejected(f"HSP protocol error: {exc.reason}"))
+                    self.closing = CloseReason.PROTOCOL_ERROR
+                return False
+        for events in inp.take(_event_size):
+            self._apply(events)
+            if self.closing is not None:
+                break
+        if self.closing is not None:
+            inp.clear()
+            return False
+        return inp.pending
 
-    def _apply(self, events: list[Event]) -> None:
-        if events:
-            # The HSP opening is the first complete message.
-            self.opened = True
+    def _apply(self, events: Iterable[Event]) -> None:
         handle = self.session.handle
         for ev in events:
+            # The HSP opening is the first complete message.
+            self.opened = True
             t = type(ev)
             if t is Data:
                 if ev.type != SKAN_TYPE:
@@ -162,7 +177,7 @@ class HSPEndpoint(QueuedEndpoint):
                         self.closing = CloseReason.PROTOCOL_ERROR
                         return
                     self._data_error(
-                        ErrorKind.NOT_AUTHORISED if rejected.denied else ErrorKind.REJECTED,
+                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label,
                         rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
@@ -206,8 +221,17 @@ class HSPEndpoint(QueuedEndpoint):
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
             self.closing = CloseReason.PROTOCOL_ERROR
             return False
-        self._answer_error(mid, NOT_AUTHORISED if rejected.denied else REJECTED, rejected.reason)
+        if rejected.denied:
+            self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
+        else:
+            self._answer_error(mid, REJECTED, rejected.reason, rejected.label)
         return True
+
+
+def _event_size(ev: Event) -> int:
+    """Bytes an HSP command carries (its Skan message), for the slice budget."""
+    framed = getattr(ev, "framed", None)
+    return 0 if framed is None else len(framed)
 
 
 async def serve_hsp(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -111,11 +111,8 @@ class MarinerBridge:
         except (MappingError, ProtocolError) as exc:
             self._refuse(event, str(exc))
             return
-        size = len(message.frame)
-        if size > self.max_frame:
-            self._refuse(event, f"its Skan message of {size} bytes exceeds max_frame")
-            return
-        if bridge_route(self.router, self.ep, message, self.status):
+        # A refusal (permissions, max_frame) is counted and logged by bridge_route.
+        if bridge_route(self.router, self.ep, message, self.status) is None:
             self.status.received += 1
 
     def _refuse(self, event: mw.Event, reason: str) -> None:

@@ -49,11 +49,6 @@ log = logging.getLogger(__name__)
 # writer (a page of ~1000 small events is a few hundred KiB).
 REPLAY_PAGE = 1000
 
-# Patterns one client may subscribe.  Each is checked on every recipient-set
-# cache miss for every routed type, so an unbounded list from one client would
-# slow routing for all; Hat clients use a handful.
-MAX_SUBSCRIPTIONS = 10_000
-
 PING_FRAME = mw.encode_frame(mw.encode_message(mw.Ping()))
 PONG_FRAME = mw.encode_frame(mw.encode_message(mw.Pong()))
 # What a connection over max_connections receives before it is closed (the
@@ -145,10 +140,11 @@ class MarinerEndpoint(QueuedEndpoint):
         if refused is not None:
             self._unauthorised(refused)
             return
-        if len(init.subscriptions) > MAX_SUBSCRIPTIONS:
+        # [broker] max_subscriptions bounds the patterns of one connection.
+        if not self.router.subscriptions_fit(self, len(init.subscriptions)):
             self._fatal(
                 f"too many subscriptions: {len(init.subscriptions)} "
-                f"(at most {MAX_SUBSCRIPTIONS} per connection)"
+                f"(at most {self.router.max_subscriptions} per connection)"
             )
             return
         for pattern in init.subscriptions:

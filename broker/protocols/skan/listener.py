@@ -10,7 +10,7 @@ import trio
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import SkanSession, error_frame
+from broker.core.session import InputSlices, SkanSession, error_frame
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import (
     serve_protocol,
@@ -33,6 +33,8 @@ class SkanEndpoint(QueuedEndpoint):
         super().__init__(router, queue_limit, policy)
         self.splitter = FrameSplitter(max_frame)
         self.session = SkanSession(router, self)
+        # Frames received but not yet handled (bounded work per slice).
+        self.input: InputSlices[bytes] = InputSlices()
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         # Inlined OutQueue.push: this runs once per recipient per message.
@@ -57,31 +59,38 @@ class SkanEndpoint(QueuedEndpoint):
     def partial_bytes(self) -> int:
         return self.splitter.buffered
 
-    def on_bytes(self, data: bytes) -> None:
-        try:
-            frames = self.splitter.receive_data(data)
-        except FramingError as exc:
-            self._fatal(ErrorKind.BAD_FRAME, str(exc))
-            return
+    def on_bytes(self, data: bytes) -> bool:
+        """Handle received bytes, at most one slice of frames; True when frames
+        are left for another slice (the transport calls again with b"")."""
+        inp = self.input
+        if data:
+            try:
+                inp.add(self.splitter.receive_data(data))
+            except FramingError as exc:
+                self._fatal(ErrorKind.BAD_FRAME, str(exc))
+                return False
         session = self.session
         handle = session.handle
-        for frame in frames:
-            try:
-                rejected = handle(frame)
-            except MalformedError as exc:
-                self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
-                return
-            if rejected is not None:
-                self.router.counters.protocol_error(
-                    self.protocol,
-                    ErrorKind.NOT_AUTHORISED if rejected.denied else ErrorKind.REJECTED)
-                self.enqueue(encode_frame(rejected.error_message()))
-                if rejected.close:
-                    self.closing = CloseReason.PROTOCOL_ERROR
-                    return
+        for frames in inp.take():
+            for frame in frames:
+                try:
+                    rejected = handle(frame)
+                except MalformedError as exc:
+                    self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
+                    return False
+                if rejected is not None:
+                    self.router.counters.protocol_error(
+                        self.protocol,
+                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label)
+                    self.enqueue(encode_frame(rejected.error_message()))
+                    if rejected.close:
+                        self.closing = CloseReason.PROTOCOL_ERROR
+                        return False
         self.opened = session.named
+        return inp.pending
 
     def _fatal(self, kind: ErrorKind, reason: str) -> None:
+        self.input.clear()
         self.router.counters.protocol_error(self.protocol, kind)
         self.enqueue(error_frame(reason))
         self.closing = CloseReason.PROTOCOL_ERROR

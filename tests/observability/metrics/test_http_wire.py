@@ -200,3 +200,18 @@ def test_mutated_requests_never_raise(edits, copies):
     for pos, new in edits:
         data[pos:pos + len(new)] = new
     _drive([bytes(data[i:i + 7]) for i in range(0, len(data), 7)])
+
+
+def test_error_reply_to_a_head_request_has_no_body():
+    """Found by the listener fuzz suite: ``HEAD / HTTP/2.0`` is refused with 505,
+    and h11 frames any response to HEAD without a body; sending the error text
+    as body raised inside h11 (a logged traceback)."""
+    from broker.observability.http import answer
+
+    conn = ServerConnection()
+    item = feed(b"HEAD / HTTP/2.0\r\nHost: x\r\n\r\n", conn)
+    assert isinstance(item, HTTPError) and item.status == 505
+    data = conn.send_reply(answer(item, lambda: b""))
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 505 ") and body == b""
+    assert b"Content-Length: " in head and conn.closed

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+import trio
+
 from broker.observability.routelog.files import LogDirectory, final_name
 from tests.observability.routelog.test_record import send, sink
 from tests.observability.routelog.test_writer import make_log, published, read_all, wait_for
@@ -80,3 +83,27 @@ def test_writer_prunes_at_start(tmp_path):
     rl.stop()
     rl.join()
     assert published(tmp_path) == []
+
+
+@pytest.mark.trio
+async def test_retention_is_exported_in_metrics():
+    """``skan_routelog_pruned_*`` count what retention removed (a real broker)."""
+    from clients.skan import SkanClient
+    from tests.brokerproc import BrokerProcess
+    from tests.observability.metrics.httpc import scrape, value
+
+    config = "[log]\nrotate_bytes = 2000\nmax_bytes = 5000\n"
+    with BrokerProcess(config) as broker:
+        async with SkanClient.connect(*broker.skan) as c:
+            for i in range(400):
+                await c.send("ret", "x" * 50)
+                if i % 50 == 49:
+                    await c.barrier()
+                    await trio.sleep(0.1)  # the writer completes files as it goes
+        with trio.fail_after(10):
+            while True:
+                data = await scrape(broker.addr["metrics"])
+                if value(data, "skan_routelog_pruned_files_total") > 0:
+                    break
+                await trio.sleep(0.2)
+        assert value(data, "skan_routelog_pruned_bytes_total") > 0
