@@ -2,6 +2,7 @@
 
     skan-analytics report --out report/            # the broker's default log directory
     skan-analytics report --log-dir /var/lib/skan/routing-log --out report/
+    skan-analytics report --log-dir broker1/log --log-dir broker2/log --out report/
     skan-analytics stream --checkpoint ckpt/ --output traffic/ --once
     spark-submit --master spark://host:7077 analytics/cli.py report --log-dir ...
 
@@ -53,9 +54,11 @@ def build_parser() -> cliutil.Parser:
 
     p = cliutil.Parser(prog=PROG, description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR",
+    common.add_argument("--log-dir", action="append", metavar="DIR",
                         help="routing-log directory (any path Spark reads: file, hdfs://, "
-                             "s3a://); the broker's default")
+                             "s3a://; a glob such as 'logs/w*'); repeat it for the brokers of "
+                             "a cluster: each message counts once; the broker's "
+                             f"(default: {DEFAULT_LOG_DIR})")
     common.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
     common.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting, repeatable")
@@ -94,6 +97,7 @@ def _positive_int(text: str) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+    args.log_dir = args.log_dir or [DEFAULT_LOG_DIR]
     try:
         args.conf = _conf(args.conf)
     except argparse.ArgumentTypeError as exc:
@@ -150,12 +154,36 @@ def check_output_dir(flag: str, path: str) -> None:
         raise cliutil.UserError(f"{flag} {path}: not writable")
 
 
+def check_log_dirs(paths: list[str], *, need_files: bool) -> int:
+    """``check_log_dir`` for each --log-dir (a local glob: each directory it matches)."""
+    import glob
+
+    total, remote = 0, False
+    for path in paths:
+        local = _local(path)
+        matched = [path]
+        if local is not None and glob.has_magic(local):
+            matched = sorted(glob.glob(local))
+            if not matched:
+                raise cliutil.UserError(f"--log-dir {path}: matches no directory")
+        for one in matched:
+            files = check_log_dir(one, need_files=need_files and len(paths) == 1
+                                  and len(matched) == 1)
+            remote = remote or files < 0
+            total += max(files, 0)
+    if need_files and not remote and not total:
+        raise cliutil.UserError(f"--log-dir {', '.join(paths)}: no routing-log files "
+                                f"({LOG_GLOB}) yet; files appear once the broker rotates or "
+                                "stops")
+    return -1 if remote else total
+
+
 def check_paths(args: argparse.Namespace) -> int:
     if args.command == "report":
-        files = check_log_dir(args.log_dir, need_files=True)
+        files = check_log_dirs(args.log_dir, need_files=True)
         check_output_dir("--out", args.out)
     else:
-        files = check_log_dir(args.log_dir, need_files=False)
+        files = check_log_dirs(args.log_dir, need_files=False)
         check_output_dir("--checkpoint", args.checkpoint)
         check_output_dir("--output", args.output)
     return files
@@ -171,7 +199,8 @@ def progress(line: str) -> None:
 def _run_report(spark: Any, args: argparse.Namespace, files: int) -> None:
     from analytics import report
 
-    where = f"{files} file(s) in {args.log_dir}" if files >= 0 else args.log_dir
+    dirs = ", ".join(args.log_dir)
+    where = f"{files} file(s) in {dirs}" if files >= 0 else dirs
     progress(f"report: reading {where}")
     started = time.monotonic()
     result = report.run(spark, args.log_dir, args.out, top=args.top, progress=progress)
@@ -187,7 +216,7 @@ def _run_stream(spark: Any, args: argparse.Namespace, files: int) -> None:
 
     where = f"{files} file(s) now" if files >= 0 else "remote"
     mode = "the files present now, then exit" if args.once else f"every {args.trigger}"
-    progress(f"stream: {args.log_dir} ({where}) -> {args.output}, {mode}; checkpoint "
+    progress(f"stream: {', '.join(args.log_dir)} ({where}) -> {args.output}, {mode}; checkpoint "
              f"{args.checkpoint}")
     totals = stream.add_progress_listener(spark, progress)
     stream.run(spark, args.log_dir, args.checkpoint, args.output, window=args.window,

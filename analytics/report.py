@@ -29,7 +29,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from analytics.schema import read_log, undeliverable_count
+from analytics.schema import (
+    cluster_wide,
+    is_message,
+    message_bytes,
+    message_count,
+    read_log,
+    undeliverable_count,
+)
 
 DEFAULT_TOP = 10
 # Fan-out buckets: (label, lowest, highest) copies per message.
@@ -72,8 +79,8 @@ class Report:
 
 def _traffic(df: DataFrame, *keys: str) -> DataFrame:
     return df.groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.sum("size").alias("bytes"),
+        message_count().alias("messages"),
+        message_bytes().alias("bytes"),
         F.sum("delivered").alias("deliveries"),
         undeliverable_count().alias("undeliverable"),
     )
@@ -95,17 +102,21 @@ def _silent(line: str) -> None:
     pass
 
 
-def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
+def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TOP,
             progress: Callable[[str], None] = _silent) -> Report:
-    """Run every aggregation; returns plain Python tables.  ``progress`` hears each step."""
-    log = read_log(spark, log_dir).select(
+    """Run every aggregation; returns plain Python tables.  ``progress`` hears each step.
+
+    Several log directories (a cluster's brokers): each message counts once,
+    deliveries add up over the brokers (see analytics.schema.cluster_wide).
+    """
+    log = cluster_wide(read_log(spark, log_dir)).select(
         "time", "lname", "proto", "user", "group", "size", "recipients", "delivered",
-        "undeliverable"
+        "undeliverable", "copies",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         t = log.agg(
-            F.count(F.lit(1)).alias("messages"),
-            F.sum("size").alias("bytes"),
+            message_count().alias("messages"),
+            message_bytes().alias("bytes"),
             F.sum("delivered").alias("deliveries"),
             undeliverable_count().alias("undeliverable"),
             F.countDistinct("group").alias("groups"),
@@ -113,8 +124,8 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
             F.min("time").alias("first"),
             F.max("time").alias("last"),
         ).collect()[0].asDict()
-        progress(f"report: {t['messages']:,} records read; aggregating")
         totals = {k: (v if v is not None else 0) for k, v in t.items()}
+        progress(f"report: {totals['messages']:,} records read; aggregating")
         totals["first"], totals["last"] = t["first"], t["last"]
         tables: dict[str, Table] = {}
 
@@ -127,18 +138,19 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
             f"Top {top} groups by bytes", gcols,
             _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
 
-        senders = _traffic(log, "lname", "proto", "user")
+        senders = _traffic(log.where(is_message() == 1), "lname", "proto", "user")
         scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
         tables["top_senders"] = Table(
             f"Top {top} senders by messages", scols,
             _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))
 
-        fan = {row["delivered"]: row["count"] for row in
-               log.groupBy("delivered").count().collect()}
+        fan = {row["copies"]: row["count"] for row in
+               log.where(is_message() == 1).groupBy("copies").count().collect()}
         tables["fanout"] = Table("Fan-out: copies delivered per message",
                                  ["copies", "messages"], fanout_buckets(fan))
 
-        sent = {row["proto"]: row for row in _traffic(log, "proto").collect()}
+        sent = {row["proto"]: row for row in
+                _traffic(log.where(is_message() == 1), "proto").collect()}
         received = {
             row["protocol"]: row for row in
             log.select(F.explode("recipients").alias("protocol", "copies"), "size")
@@ -170,11 +182,13 @@ def compute(spark: SparkSession, log_dir: str, top: int = DEFAULT_TOP,
             _rows(undeliv.orderBy(F.desc("undeliverable"), "group").limit(top), ucols))
     finally:
         log.unpersist()
-    return Report(log_dir=log_dir, totals=totals, tables=tables)
+    shown = log_dir if isinstance(log_dir, str) else ", ".join(log_dir)
+    return Report(log_dir=shown, totals=totals, tables=tables)
 
 
-def run(spark: SparkSession, log_dir: str, out_dir: str, *, top: int = DEFAULT_TOP,
-        quiet: bool = False, progress: Callable[[str], None] = _silent) -> Report:
+def run(spark: SparkSession, log_dir: str | list[str], out_dir: str, *,
+        top: int = DEFAULT_TOP, quiet: bool = False,
+        progress: Callable[[str], None] = _silent) -> Report:
     """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
     from analytics import render
 

@@ -32,7 +32,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from analytics.schema import stream_log, undeliverable_count
+from analytics.schema import (
+    is_message,
+    message_bytes,
+    message_count,
+    stream_log,
+    undeliverable_count,
+)
 
 DEFAULT_WINDOW = "1 minute"
 DEFAULT_WATERMARK = "1 minute"
@@ -50,8 +56,8 @@ def _rate(part: str, whole: str) -> Column:
 
 def by_group(events: DataFrame, window: str) -> DataFrame:
     agg = events.groupBy(F.window("time", window).alias("window"), "group").agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.sum("size").alias("bytes"),
+        message_count().alias("messages"),
+        message_bytes().alias("bytes"),
         F.sum("delivered").alias("deliveries"),
         undeliverable_count().alias("undeliverable"),
     )
@@ -65,9 +71,9 @@ def protocol_rows(events: DataFrame) -> DataFrame:
     zero = F.lit(0).cast("long")
     sent = F.struct(
         F.col("proto").alias("protocol"),
-        F.lit(1).cast("long").alias("messages_in"),
-        F.col("size").alias("bytes_in"),
-        F.col("undeliverable").cast("long").alias("undeliverable"),
+        is_message().alias("messages_in"),
+        (is_message() * F.col("size")).alias("bytes_in"),
+        (is_message() * F.col("undeliverable").cast("long")).alias("undeliverable"),
         zero.alias("deliveries_out"),
         zero.alias("bytes_out"),
     )
@@ -97,7 +103,7 @@ def by_protocol(events: DataFrame, window: str) -> DataFrame:
 
 def start(
     spark: SparkSession,
-    log_dir: str,
+    log_dir: str | list[str],
     checkpoint: str,
     output: str,
     *,
@@ -158,7 +164,8 @@ def add_progress_listener(spark: SparkSession, report: Callable[[str], None]) ->
     return totals
 
 
-def run(spark: SparkSession, log_dir: str, checkpoint: str, output: str, **kwargs: Any) -> None:
+def run(spark: SparkSession, log_dir: str | list[str], checkpoint: str, output: str,
+        **kwargs: Any) -> None:
     """Run until stopped (or, with ``once=True``, until the available files are done)."""
     queries = start(spark, log_dir, checkpoint, output, **kwargs)
     try:

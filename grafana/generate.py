@@ -301,6 +301,26 @@ def build() -> db.Dashboard:
               width=12,
               description="Sends (publish) and subscriptions (subscribe) refused by the "
                           "user's permissions, by protocol and action."),
+
+        row(46, "Cluster"),
+        stat_panel(47, "Brokers seen",
+                   [(f"max({sel('skan_cluster_brokers_seen')})", "brokers")],
+                   description="Brokers of the cluster heard from within three heartbeats "
+                               "(this one included); 0: no cluster.", width=6, height=8),
+        stat_panel(48, "NATS connected",
+                   [(f"min({sel('skan_cluster_up')})", "up")],
+                   description="1 while every chosen broker is connected to NATS; 0 also "
+                               "on a broker without a cluster.", width=6, height=8),
+        graph(49, "Backplane messages / s",
+              [(f"sum by (direction) ({rate('skan_backplane_messages_total')})",
+                "{{direction}}")], width=6,
+              description="Routed messages published to (out) and received from (in) NATS."),
+        graph(50, "Backplane drops and duplicates / s",
+              [(f"sum({rate('skan_backplane_drops_total')})", "dropped (not published)"),
+               (f"sum({rate('skan_backplane_duplicates_total')})", "duplicates dropped")],
+              width=6,
+              description="Drops: messages not published while NATS was down or its queue "
+                          "full. Duplicates: second copies from overlapping subscriptions."),
     ]
     for panel in panels:
         dash = dash.with_row(panel) if isinstance(panel, db.Row) else dash.with_panel(panel)

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
 
+from broker.cluster import query as cq
 from broker.cluster.backplane import Backplane
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
@@ -36,8 +39,18 @@ RECV_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 ID_SUBJECT = b"skc.id.%d"
 HEARTBEAT_SUBJECT = b"skc.hb"
+# Eventer queries asked of every broker; answers come to the asker's inbox.
+QUERY_SUBJECT = b"skc.query"
 # Control subscriptions use sids outside the backplane's numeric range.
 SID_ID, SID_HB, SID_INBOX = b"id", b"hb", b"inbox"
+SID_QUERY, SID_ANSWERS = b"query", b"answers"
+# Seconds a cluster query waits for the brokers seen to answer; then it
+# answers with what it has (a broker that died since its last heartbeat
+# must not stall every query).  A NATS round trip on a LAN takes well
+# under a millisecond, a 10,000-event answer a few tens of milliseconds.
+QUERY_TIMEOUT = 2.0
+# NATS servers default to this max_payload when INFO does not say.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
 
 # What ends one NATS connection (then the broker reconnects); anything else is a bug.
@@ -70,6 +83,114 @@ class ClusterLink:
 
     backplane: Backplane
     status: ClusterStatus
+    # Seconds between heartbeats ([cluster] heartbeat): a broker counts as
+    # seen while its last heartbeat is younger than three of them.
+    heartbeat: float = 1.0
+    # Set by the service: where cluster queries run, and the NATS queue.
+    nursery: trio.Nursery | None = None
+    queue: OutQueue | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    inbox: bytes = attrs.Factory(lambda: b"_INBOX." + secrets.token_hex(8).encode() + b".")
+    # reply subject -> [answers still expected, answers, done]
+    pending: dict[bytes, list[Any]] = attrs.Factory(dict)
+    queries: int = 0
+    query_timeouts: int = 0
+
+    def up(self) -> bool:
+        return self.status.up
+
+    def query(self, params: Any, local: cq.LocalQuery,
+              done: Callable[[list[tuple], bool], None]) -> None:
+        """Answer an Eventer query from every broker: ``done(entries, more_follows)``
+        is called once, with entries carrying their server id (broker.cluster.query)."""
+        own = cq.local_answer(params, local, self.status.server_id)
+        assert self.nursery is not None
+        self.nursery.start_soon(self._answer_when_gathered, params, own, done)
+
+    async def _answer_when_gathered(self, params: Any, own: cq.Gathered,
+                                    done: Callable[[list[tuple], bool], None]) -> None:
+        merged = await self._gather(params, own)
+        done(merged.entries, merged.more_follows)
+
+    async def gather(self, params: Any, local: cq.LocalQuery) -> cq.Gathered:
+        """Every broker's answer to an Eventer query, merged (broker.cluster.query)."""
+        return await self._gather(params, cq.local_answer(params, local,
+                                                          self.status.server_id))
+
+    async def _gather(self, params: Any, own: cq.Gathered) -> cq.Gathered:
+        answers = [own]
+        expected = len(self.brokers()) - 1
+        if expected > 0 and self.status.up and self.queue is not None:
+            self.queries += 1
+            reply = self.inbox + b"%d" % self.queries
+            state: list[Any] = [expected, answers, trio.Event()]
+            self.pending[reply] = state
+            try:
+                self.queue.push(nats.pub(QUERY_SUBJECT, cq.encode_request(params), reply))
+                with trio.move_on_after(QUERY_TIMEOUT) as scope:
+                    await state[2].wait()
+                if scope.cancelled_caught:
+                    self.query_timeouts += 1
+                    log.warning("cluster: query answered by %d of %d brokers within %.1f s",
+                                len(answers) - 1, expected, QUERY_TIMEOUT)
+            finally:
+                del self.pending[reply]
+        return cq.merge(params, answers)
+
+    def answered(self, msg: nats.Msg) -> None:
+        """An answer to one of our queries arrived (reader task)."""
+        state = self.pending.get(msg.subject)
+        if state is None:
+            return  # too late: that query has answered already
+        try:
+            state[1].append(cq.decode_answer(msg.payload))
+        except ValueError as exc:
+            self.backplane.malformed += 1
+            log.warning("cluster: bad query answer on %s: %s", msg.subject.decode(), exc)
+        state[0] -= 1
+        if state[0] <= 0:
+            state[2].set()
+
+    def answer(self, ctx: BrokerContext, msg: nats.Msg) -> None:
+        """Another broker asks a query: answer from our own store (reader task)."""
+        if not msg.reply or self.queue is None:
+            return
+        try:
+            params = cq.decode_request(msg.payload)
+        except ValueError as exc:
+            self.backplane.malformed += 1
+            log.warning("cluster: bad query request: %s", exc)
+            return
+        if ctx.retention is None:
+            found = cq.Gathered([], False)
+        else:
+            local = (ctx.eventer.query if ctx.eventer is not None
+                     else cq.local_query(ctx.retention, ctx.latest, self.status.server_id))
+            found = cq.local_answer(params, local, self.status.server_id)
+        self.queue.push(nats.pub(msg.reply, cq.encode_answer(
+            found, self.max_payload - cq.PAYLOAD_MARGIN)))
+
+    def brokers(self) -> list[int]:
+        """Server ids of the brokers seen, this one included."""
+        return self.status.brokers_seen(trio.current_time(), self.heartbeat)
+
+    def stats(self) -> dict[str, Any]:
+        """The ``cluster`` HASH of the Skan ``stats`` reply."""
+        bp, status = self.backplane, self.status
+        brokers = self.brokers()
+        return {
+            "server_id": status.server_id,
+            "up": int(status.up),
+            "url": status.url,
+            "connects": status.connects,
+            "brokers_seen": len(brokers),
+            "brokers": [b"%d" % b for b in brokers],
+            "backplane_out": bp.sent,
+            "backplane_in": bp.received,
+            "backplane_drops": bp.drops,
+            "duplicates": bp.duplicates,
+            "malformed": bp.malformed,
+        }
 
 
 class _Link:
@@ -139,7 +260,8 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     status = ClusterStatus(server_id)
     backplane = Backplane(ctx.router, server_id)
     queue = OutQueue(cfg.queue_limit)
-    ctx.cluster = ClusterLink(backplane, status)
+    link_state = ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat, queue=queue)
+    ctx.router.stats_sections["cluster"] = ctx.cluster.stats
 
     def forward(data: bytes) -> bool:
         return status.up and queue.push(data)
@@ -154,10 +276,20 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         )
     task_status.started([])
     log.info("cluster: connected to NATS at %s as server %d", link.url, server_id)
+    async with trio.open_nursery() as nursery:
+        link_state.nursery = nursery
+        await _serve(ctx, link, link_state, cfg)
+
+
+async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
+                 cfg: ClusterSection) -> None:
+    status = state.status
+    server_id = status.server_id
     backoff = cfg.backoff_initial
     while True:
         try:
-            await _run_link(ctx, link, backplane, queue, status, cfg)
+            state.max_payload = int(link.info.get("max_payload", DEFAULT_MAX_PAYLOAD))
+            await _run_link(ctx, link, state, cfg)
         except* LINK_ERRORS as group:
             log.warning("cluster: NATS connection to %s lost: %s", link.url, group.exceptions[0])
         status.up = False
@@ -175,14 +307,18 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         log.info("cluster: reconnected to NATS at %s", link.url)
 
 
-async def _run_link(ctx: BrokerContext, link: _Link, backplane: Backplane, queue: OutQueue,
-                    status: ClusterStatus, cfg: ClusterSection) -> None:
+async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
+                    cfg: ClusterSection) -> None:
     router = ctx.router
+    backplane, status, queue = state.backplane, state.status, state.queue
+    assert queue is not None
     server_id = status.server_id
     queue.take_all()  # what was queued for the previous connection is gone with it
     await link.stream.send_all(
         nats.sub(ID_SUBJECT % server_id, SID_ID)
         + nats.sub(HEARTBEAT_SUBJECT, SID_HB)
+        + nats.sub(QUERY_SUBJECT, SID_QUERY)
+        + nats.sub(state.inbox + b"*", SID_ANSWERS)
         + b"".join(backplane.resubscribe())
     )
     status.up = True
@@ -205,6 +341,10 @@ async def _run_link(ctx: BrokerContext, link: _Link, backplane: Backplane, queue
                     sid = ev.sid
                     if sid == SID_HB:
                         _heard(status, ev.payload)
+                    elif sid == SID_ANSWERS:
+                        state.answered(ev)
+                    elif sid == SID_QUERY:
+                        state.answer(ctx, ev)
                     elif sid == SID_ID:
                         if ev.reply:
                             queue.push(nats.pub(ev.reply, b"%d" % server_id))

@@ -169,7 +169,8 @@ def event_from_routed(routed: Routed, server_id: int) -> hat.Event:
     header = routed.header
     source = source_timestamp(header)
     return hat.Event(
-        id=hat.EventId(server_id, routed.session, routed.instance),
+        # A message from the cluster backplane keeps its origin's EventId.
+        id=hat.EventId(routed.server or server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
         timestamp=hat.Timestamp.from_float(routed.timestamp),
         source_timestamp=None if source is None else hat.Timestamp.from_float(source),

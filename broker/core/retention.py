@@ -69,7 +69,7 @@ class RetentionStore:
 
     def attach(self, router: Router) -> None:
         if self.size:
-            router.observers.append(self.add)
+            router.local_observers.append(self.add)
 
     def add(self, routed: Routed) -> None:
         items = self._items

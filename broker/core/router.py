@@ -344,6 +344,10 @@ class Router:
         self.congested: list[Endpoint] = []
         # Called with every Routed message, delivered or not (retention, log).
         self.observers: list[Callable[[Routed], None]] = []
+        # Called after ``observers`` with messages that entered this broker
+        # (not with those a cluster backplane brought in): what a broker of a
+        # cluster keeps for Eventer queries and Mariner replay (BROKER-SPEC 8).
+        self.local_observers: list[Callable[[Routed], None]] = []
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
         # Called with (group, True/False) when a group gains its first or
@@ -357,6 +361,9 @@ class Router:
         self.latency: Any = None
         # Users and credentials (section 7); replaced on reload (reload_auth).
         self.auth = Authenticator()
+        # Extra sections of the ``stats`` reply, by name (e.g. "cluster"): each
+        # returns a small dict when asked, so ``stats`` walks nothing for them.
+        self.stats_sections: dict[str, Callable[[], dict[str, Any]]] = {}
 
     # ---- authentication and permissions (section 7) ----------------------
     #
@@ -844,6 +851,9 @@ class Router:
             gs[1] += delivered
         for observer in self.observers:
             observer(routed)
+        if origin is None:
+            for observer in self.local_observers:
+                observer(routed)
         return routed
 
     def end_batch(self) -> None:
@@ -903,4 +913,4 @@ class Router:
             "subscriptions_refused": c.subscriptions_refused,
             "groups": self.group_count,
             "subscriptions": self.subscription_count,
-        }
+        } | {name: section() for name, section in self.stats_sections.items()}

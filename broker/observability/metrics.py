@@ -137,6 +137,7 @@ class BrokerCollector(Collector):
         yield from self._groups(router)
         yield from self._bridges(ctx.bridges, router)
         yield from self._routelog(ctx.routelog)
+        yield from self._cluster(ctx)
         retention = ctx.retention
         if retention is not None:
             yield _gauge("skan_retention_messages", "Routed messages held in the retention store.",
@@ -371,6 +372,33 @@ class BrokerCollector(Collector):
         yield _gauge("skan_routelog_writer_failed",
                      "1 once the routing-log writer has stopped on an unexpected error.",
                      0 if log.failure is None else 1)
+
+    def _cluster(self, ctx: BrokerContext) -> Iterator[Metric]:
+        """The cluster view (section 8); every series exists, at 0, without a cluster."""
+        link = ctx.cluster
+        up = seen = sent = received = drops = duplicates = 0
+        if link is not None:
+            bp = link.backplane
+            up = int(link.status.up)
+            seen = len(link.brokers())
+            sent, received, drops, duplicates = bp.sent, bp.received, bp.drops, bp.duplicates
+        yield _gauge("skan_cluster_up", "1 while the broker is connected to its NATS backplane.",
+                     up)
+        yield _gauge("skan_cluster_brokers_seen",
+                     "Brokers of the cluster heard from within three heartbeats, this one "
+                     "included (0 without a cluster).", seen)
+        messages = CounterMetricFamily("skan_backplane_messages",
+                                       "Routed messages published to (out) and received from "
+                                       "(in) the NATS backplane.", labels=["direction"])
+        messages.add_metric(["out"], sent)
+        messages.add_metric(["in"], received)
+        yield messages
+        yield _counter("skan_backplane_drops",
+                       "Messages not published to the backplane (NATS down or its queue full).",
+                       drops)
+        yield _counter("skan_backplane_duplicates",
+                       "Second copies of a message from the backplane, dropped (overlapping "
+                       "NATS subscriptions, reconnects).", duplicates)
 
 
 def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:

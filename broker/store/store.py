@@ -173,7 +173,8 @@ class Store:
         router.session = self.start_session(router.session)
         self._server = router.server_id
         if self.size:
-            router.observers.append(self.add)
+            # Only what entered this broker: in a cluster, each broker keeps its own.
+            router.local_observers.append(self.add)
 
     def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Start the writer thread; ``call_soon`` runs a function in the routing thread."""

@@ -21,7 +21,7 @@ BEFORE_SPARK_SECONDS = 4.0
 
 def test_default_log_dir_is_the_brokers():
     assert LogSection().dir == cli.DEFAULT_LOG_DIR
-    assert cli.parse_args(["report"]).log_dir == LogSection().dir
+    assert cli.parse_args(["report"]).log_dir == [LogSection().dir]
 
 
 @pytest.mark.parametrize(("args", "needle"), [

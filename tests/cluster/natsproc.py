@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 
+from tests.brokerproc import BrokerProcess
 from tests.debian import ensure_binary
 
 
@@ -110,3 +111,19 @@ def _routes(node: NatsNode) -> int:
     except OSError:
         return 0
     return text.count("Route connection created")
+
+
+def cluster_broker(server_id: int, *urls: str, extra: str = "",
+                   args: tuple[str, ...] = (), workdir: pathlib.Path | None = None
+                   ) -> BrokerProcess:
+    """A broker with ``server_id`` on the NATS ``urls``, quick to reconnect and to start.
+
+    ``extra`` is TOML placed right after ``[broker] server_id``: more
+    ``[broker]`` keys, or whole sections of their own.
+    """
+    url = ", ".join(f'"{u}"' for u in urls)
+    return BrokerProcess(
+        f"[broker]\nserver_id = {server_id}\n{extra}[cluster]\nurl = [{url}]\n"
+        "backoff_initial = 0.05\nbackoff_max = 0.5\nid_probe_timeout = 0.3\n"
+        "heartbeat = 0.2\n", args=args, workdir=workdir,
+    )

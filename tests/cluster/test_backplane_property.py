@@ -136,3 +136,34 @@ def test_event_id_and_timestamp_are_the_origins():
     assert (got.server, got.session, got.instance, got.timestamp) == (
         7, sent.session, sent.instance, 1700000000.123456789)
     assert got.frame == frame
+
+
+def test_each_broker_keeps_only_what_entered_it():
+    """Retention (Eventer queries, Mariner replay) sees local messages only; observers
+    such as the routing log see every routed message; events keep the origin's id."""
+    from broker.core.events import event_from_routed
+    from broker.core.retention import RetentionStore
+
+    routers = [Router(server_id=1), Router(server_id=2)]
+    stores = [RetentionStore(100), RetentionStore(100)]
+    for router, store in zip(routers, stores, strict=True):
+        store.attach(router)
+    backplanes = [Backplane(r, r.server_id) for r in routers]
+    fake = FakeNats(backplanes)
+    seen: list[Routed] = []
+    routers[1].observers.append(seen.append)
+    clients = [Recorder(Counter(), i) for i in range(2)]
+    for i, c in enumerate(clients):
+        attach_as(routers[i], c, lname(i, i))
+        routers[i].subscribe(c, b"g", b"*", NORMAL)
+    fake.pump()
+    for i, c in enumerate(clients):
+        frame = encode_frame({"type": "send", "group": "g", "instance": "1", "to": "*",
+                              "from": c.lname, "seq": "1", "msg": b"m"})
+        routers[i].route(c, frame, decode_header(frame, 4))
+        routers[i].end_batch()
+        fake.pump()
+    assert [len(s) for s in stores] == [1, 1]  # each its own message only
+    assert sorted(r.server for r in seen) == [1, 2]  # both routed on broker 2
+    remote = next(r for r in seen if r.server == 1)
+    assert event_from_routed(remote, 2).id.server == 1

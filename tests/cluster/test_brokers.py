@@ -10,16 +10,8 @@ import trio
 
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
-from tests.cluster.natsproc import NatsCluster
+from tests.cluster.natsproc import NatsCluster, cluster_broker
 from tests.rawskan import RawSkan
-
-
-def cluster_broker(server_id: int, *urls: str) -> BrokerProcess:
-    url = ", ".join(f'"{u}"' for u in urls)
-    return BrokerProcess(
-        f"[broker]\nserver_id = {server_id}\n[cluster]\nurl = [{url}]\n"
-        "backoff_initial = 0.05\nbackoff_max = 0.5\nid_probe_timeout = 0.3\n"
-    )
 
 
 async def settle() -> None:

@@ -2,12 +2,16 @@
 
 A record carries the fields of BROKER-SPEC section 6, one line each::
 
-    {"time_us":1718000000123456,"lname":"6650_1@host","proto":"skan","group":"g",
+    {"time_us":1718000000123456,"server":1,"lname":"6650_1@host","proto":"skan","group":"g",
      "instance":"*","to":"*","seq":"17","size":93,"recipients":{"skan":2},
      "delivered":2,"undeliverable":false}
 
 ``time_us`` is the routing time in Unix microseconds (an integer: formatting
-a float costs three times more), ``lname``/``proto`` the sender's, ``seq`` is
+a float costs three times more), ``server`` the ``server_id`` of the broker
+that wrote the record (in a cluster each broker logs what it routed: a
+message appears on the broker it entered, and again, with ``proto``
+``cluster``, on every broker that received it from the backplane),
+``lname``/``proto`` the sender's, ``seq`` is
 empty if the message had none, ``size`` the routed Skan frame in bytes
 (length prefix included, as the router counts it), ``recipients`` the copies
 handed to each protocol (the sender excluded; ``{}`` when none),
@@ -29,7 +33,7 @@ from broker.core.router import Endpoint, Routed, Router
 
 # Record fields, in the order they are written (the analytics schema must match).
 FIELDS = (
-    "time_us", "lname", "proto", "user", "group", "instance", "to", "seq", "size",
+    "time_us", "server", "lname", "proto", "user", "group", "instance", "to", "seq", "size",
     "recipients", "delivered", "undeliverable",
 )
 
@@ -92,8 +96,11 @@ class RecordBuffer:
     """
 
     def __init__(self, limit: int, on_full: Callable[[], None],
-                 router: Router | None = None) -> None:
+                 router: Router | None = None, server: int | None = None) -> None:
         self.lines: list[str] = []
+        # The writing broker's server id (the router's unless given).
+        self.server = server if server is not None else (
+            router.server_id if router is not None else 0)
         self.limit = limit
         self.on_full = on_full
         self._router = router
@@ -137,7 +144,8 @@ class RecordBuffer:
         # The sender's [[users]] name; null for anonymous clients (and full-rights bridges).
         user = "null" if name is None else json_str(name.encode())
         prefix = (
-            f'"lname":{json_str(sender.lname)},"proto":{json_str(sender.protocol.encode())},'
+            f'"server":{self.server},"lname":{json_str(sender.lname)},'
+            f'"proto":{json_str(sender.protocol.encode())},'
             f'"user":{user},"group":{json_str(group)},"instance":{json_str(instance)},'
             f'"to":{json_str(to)}'
         )
@@ -160,9 +168,9 @@ def _seq(seq: object) -> str:
     return json_str(seq)[1:-1]
 
 
-def format_records(batch: Iterable[Routed]) -> str:
+def format_records(batch: Iterable[Routed], server: int = 0) -> str:
     """JSON Lines text for some routed messages (tests, benchmarks, tools)."""
-    buf = RecordBuffer(1 << 62, lambda: None)
+    buf = RecordBuffer(1 << 62, lambda: None, server=server)
     for routed in batch:
         buf.add(routed)
     return "".join(buf.take())

@@ -16,6 +16,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import trio
 
@@ -82,7 +84,10 @@ class EventerService:
         return self._last_encoded
 
     def encode_entry(self, entry: Entry) -> bytes:
-        return fast_encode_routed(view(entry), self.server_id)
+        routed = view(entry)
+        if len(entry) > 7:  # gathered from a cluster: the origin's server id follows
+            routed.server = entry[7]
+        return fast_encode_routed(routed, self.server_id)
 
     def on_persisted(self, upto: tuple[int, int], ok: bool) -> None:
         """The store committed (or failed to commit) every message up to EventId ``upto``."""
@@ -351,9 +356,23 @@ class EventerEndpoint(QueuedEndpoint):
                 header = view(entry).header
                 return may_read(self, header[b"group"], header[b"to"])
 
+        cluster = svc.ctx.cluster
+        if cluster is not None and cluster.up():
+            # BROKER-SPEC 8: every broker's events, merged; answered when gathered.
+            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible))
+            return
         answer = svc.query(req.params, visible)
-        self.proto.query_result(req.conv, [svc.encode_entry(e) for e in answer.entries],
-                                answer.more_follows)
+        self._answer(req.conv, None, answer.entries, answer.more_follows)
+
+    def _answer(self, conv: Any, visible: Callable[[Entry], bool] | None,
+                entries: list, more_follows: bool) -> None:
+        if self.closed or self.proto.state != "open":
+            return
+        if visible is not None:
+            entries = [e for e in entries if visible(e)]
+        encode = self.service.encode_entry
+        self.proto.query_result(conv, [encode(e) for e in entries], more_follows)
+        self._write()
 
     # ---- timers and lifetime ------------------------------------------------------------
 

@@ -89,6 +89,7 @@ def fast_encode_routed(routed: Routed, server_id: int) -> bytes:
             return encode_routed(routed, server_id)
         # encode_basestring is what json.dumps(text, ensure_ascii=False) uses.
         payload = _VALUE + _JSON + _string(encode_basestring(text).encode())
+    server_id = routed.server or server_id  # a cluster message keeps its origin's EventId
     if _prefix[0] != server_id or _prefix[1] != routed.session:
         _prefix[0] = server_id
         _prefix[1] = routed.session

@@ -73,7 +73,7 @@ class LatestTable:
 
     def attach(self, router: Router) -> None:
         if self.limit:
-            router.observers.append(self.add)
+            router.local_observers.append(self.add)
 
     def add(self, routed: Routed) -> None:
         header = routed.header

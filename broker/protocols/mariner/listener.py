@@ -23,18 +23,24 @@ Mariner schema) so the peer can tell why.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.cluster import query as cq
 from broker.core.events import pattern_bytes
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
-from broker.core.retention import RetentionStore
+from broker.core.retention import RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
 from broker.runtime.context import BrokerContext
 from broker.runtime.transport import serve_protocol
+from wire import eventer as w
 from wire import mariner as mw
+
+if TYPE_CHECKING:
+    from broker.cluster.service import ClusterLink
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,8 @@ class MarinerEndpoint(QueuedEndpoint):
         self.conn = mw.MarinerConnection(mw.SERVER, max_message)
         self.server_id = server_id
         self.retention = retention
+        # The cluster backplane (None: a lone broker); set by serve_mariner.
+        self.cluster: ClusterLink | None = None
         self.encoded = encoded
         self.client_id = ""
         self.nursery: trio.Nursery | None = None
@@ -147,6 +155,13 @@ class MarinerEndpoint(QueuedEndpoint):
                 return
         last = init.last_event_id
         if last is None or self.retention is None or not init.subscriptions:
+            return
+        if self.cluster is not None and self.cluster.up():
+            # BROKER-SPEC 8: replay what every broker of the cluster kept.
+            self._held = []
+            assert self.nursery is not None
+            self.nursery.start_soon(self._cluster_replay, last,
+                                    tuple(tuple(p) for p in init.subscriptions))
             return
         if last.server != self.server_id:
             log.info(
@@ -263,6 +278,59 @@ class MarinerEndpoint(QueuedEndpoint):
             self._send_events(batch, live=False)
         return cursor, cursor >= seam or looked < REPLAY_PAGE
 
+    async def _cluster_replay(self, last: Any, patterns: tuple[tuple[str, ...], ...]) -> None:
+        """Replay from every broker (one gathered answer, at most QUERY_LIMIT events).
+
+        Live events are held back meanwhile, as for a local replay; an event
+        crossing between brokers at the very moment of subscribing may come
+        both in the replay and live (docs/cluster.md).
+        """
+        cluster, retention = self.cluster, self.retention
+        assert cluster is not None and retention is not None
+        try:
+            first, after = cq.replay_queries(
+                w.EventId(last.server, last.session, last.instance), patterns)
+            local = cq.local_query(retention, None, self.server_id)
+            found = await cluster.gather(first, local)
+            sentinel = [e for e in found.entries
+                        if (e[cq.SERVER], e[0], e[1]) == (last.server, last.session,
+                                                          last.instance)]
+            if not sentinel:
+                log.info("mariner %s (%s): last_event_id %r is not retained by any broker: "
+                         "no replay", self.lname.decode(), self.client_id, last)
+                return
+            found = await cluster.gather(after(sentinel[0][2]), local)
+            if found.more_follows and not self.replay_gap:
+                self.replay_gap = True
+                log.warning("mariner %s (%s): cluster replay limited to %d events",
+                            self.lname.decode(), self.client_id, len(found.entries))
+            takes = self.router.pattern_receives
+            batch: list[str] = []
+            key = None
+            for e in found.entries:
+                if self.closed:
+                    return
+                routed = view(cq.as_entry(e))
+                routed.server = e[cq.SERVER]
+                header = routed.header
+                if not takes(self, header[b"group"], header[b"instance"], header[b"to"]):
+                    continue
+                if (routed.server, routed.session) != key and batch:
+                    self._send_events(batch, live=False)  # one events message per Hat session
+                    batch = []
+                    await self._writer_caught_up()
+                key = (routed.server, routed.session)
+                batch.append(self.encoded(routed))
+            if batch:
+                self._send_events(batch, live=False)
+        finally:
+            held, self._held = self._held or [], None
+            self._held_size = 0
+            for data, n in held:
+                if self.enqueue(data):
+                    self.msgs_out += n
+                    self.bytes_out += len(data)
+
     async def _writer_caught_up(self) -> None:
         """Checkpoint between replay steps; wait while the queue is above its high-water mark."""
         await trio.sleep(0)
@@ -280,11 +348,13 @@ async def serve_mariner(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
 
     def new_endpoint() -> MarinerEndpoint:
         b = ctx.config.broker  # as reloaded (SIGHUP): limits apply to new connections
-        return MarinerEndpoint(
+        endpoint = MarinerEndpoint(
             ctx.router, b.queue_limit, b.slow_consumer, max_message=b.max_frame,
             server_id=b.server_id, retention=ctx.retention,
             encoded=encoded,
         )
+        endpoint.cluster = ctx.cluster
+        return endpoint
 
     await serve_protocol(ctx, Protocol.MARINER, section, new_endpoint,
                          keep_alive=(section.ping_delay, section.ping_timeout),

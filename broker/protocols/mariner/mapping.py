@@ -58,7 +58,9 @@ class EncodedEvents:
             s, us = split_timestamp(routed.timestamp)
             source = ev.source_timestamp(header)
             self._text = mw.encode_event_fields(
-                self.server_id, routed.session, routed.instance, type_json, s, us,
+                # A message from the cluster backplane keeps its origin's EventId.
+                routed.server or self.server_id, routed.session, routed.instance, type_json,
+                s, us,
                 None if source is None else Timestamp.from_float(source),
                 mariner_payload(ev.payload_from_routed(routed)),
             )

@@ -59,8 +59,8 @@ def test_fields_of_a_delivered_message(router):
     (rec,) = records([routed])
     assert list(rec) == list(FIELDS)
     assert rec == {
-        "time_us": 1718000000250000, "lname": pub.lname.decode(), "proto": "skan",
-        "user": None, "group": "g", "instance": "i1", "to": "*", "seq": "42",
+        "time_us": 1718000000250000, "server": 0, "lname": pub.lname.decode(),
+        "proto": "skan", "user": None, "group": "g", "instance": "i1", "to": "*", "seq": "42",
         "size": len(routed.frame),
         "recipients": {"eventer": 1, "skan": 1}, "delivered": 2, "undeliverable": False,
     }
