@@ -78,20 +78,14 @@ def build_parser() -> cliutil.Parser:
     s.add_argument("--watermark", default=stream.DEFAULT_WATERMARK, help="allowed lateness")
     s.add_argument("--trigger", default=stream.DEFAULT_TRIGGER,
                    help="micro-batch interval when not --once")
-    s.add_argument("--max-files-per-trigger", type=_positive_int, help="bound each micro-batch")
+    s.add_argument("--max-files-per-trigger", type=cliutil.positive_int,
+                   help="bound each micro-batch")
 
     r = sub.add_parser("report", parents=[common], help="tables, PNG charts and an HTML report")
     r.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help="output directory")
-    r.add_argument("--top", type=_positive_int, default=report.DEFAULT_TOP,
+    r.add_argument("--top", type=cliutil.positive_int, default=report.DEFAULT_TOP,
                    help="rows in top-N tables")
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = cliutil.non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~analytics.report.Report`: text tables, PNG charts, HTML.
+"""Rendering a :class:`~analytics.model.Report`: text tables, PNG charts, HTML.
 
 Charts use matplotlib's object API with the Agg canvas (no display, no
 pyplot global state).  The HTML page is self-contained: the PNGs are
@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from analytics.report import Report, Table
+from analytics.model import Report, Table
 
 # Longest label drawn on a chart axis (group names and lnames can be long).
 LABEL_CHARS = 28

@@ -18,17 +18,16 @@ view is a small aggregation over it, so the JSON is parsed a single time.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from analytics.model import Report, Table
 from analytics.schema import (
     cluster_wide,
     is_message,
@@ -45,36 +44,6 @@ FANOUT_BUCKETS = (
     ("11-50", 11, 50), ("51-100", 51, 100), ("101-1000", 101, 1000),
     (">1000", 1001, None),
 )
-
-
-@attrs.define
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[Any]]
-
-
-@attrs.define
-class Report:
-    log_dir: str
-    totals: dict[str, Any]
-    tables: dict[str, Table]
-    charts: dict[str, str] = attrs.Factory(dict)  # view name -> PNG path
-    html: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        def plain(value: Any) -> Any:
-            return value.isoformat() if isinstance(value, dt.datetime) else value
-
-        return {
-            "log_dir": self.log_dir,
-            "totals": {k: plain(v) for k, v in self.totals.items()},
-            "tables": {
-                name: {"title": t.title, "columns": t.columns,
-                       "rows": [[plain(v) for v in row] for row in t.rows]}
-                for name, t in self.tables.items()
-            },
-        }
 
 
 def _traffic(df: DataFrame, *keys: str) -> DataFrame:

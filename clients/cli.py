@@ -83,7 +83,8 @@ def build_parser() -> cliutil.Parser:
     pub.add_argument("--to", default="*", help="an lname for a directed message, * for all")
     pub.add_argument("--json", action="store_true",
                      help="the message is JSON, sent as HASH/LIST/DATA")
-    pub.add_argument("--count", type=_positive_int, default=1, help="send it this many times")
+    pub.add_argument("--count", type=cliutil.positive_int, default=1,
+                     help="send it this many times")
     pub.add_argument("--acked", action="store_true",
                      help="(--protocol hsp) send as DATA_ACK and wait for each ACK")
 
@@ -131,13 +132,6 @@ def build_parser() -> cliutil.Parser:
     sub.add_parser("stats", help="print the broker's counters",
                    description="Print the broker's counters (the Skan stats message).")
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = cliutil.non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
