@@ -393,6 +393,24 @@ async def run_connection(
         if frame_started is not None:
             frame_started += paused
 
+    def route_slice(data: bytes) -> bool:
+        """Route what ``data`` (or, with b"", the input left over) holds, up to the
+        endpoint's slice bound; True when input is left for another slice."""
+        # Routing latency (metrics): one clock pair per slice, never per message.
+        latency = router.latency
+        if latency is None:
+            try:
+                return on_bytes(data)
+            finally:
+                router.end_batch()
+        routed_before = counters.msgs_in
+        started = time.perf_counter()
+        try:
+            return on_bytes(data)
+        finally:
+            router.end_batch()
+            latency.observe(time.perf_counter() - started, counters.msgs_in - routed_before)
+
     def timed_out(kind: ErrorKind, reason: CloseReason, what: str) -> None:
         counters.protocol_error(ep.protocol, kind)
         log.info("%s %s: closing: %s", ep.protocol, ep.lname.decode(), what)
@@ -447,20 +465,8 @@ async def run_connection(
                             ep.closing = CloseReason.EOF
                             break
                         ep.last_rx = trio.current_time()
-                        # Routing latency (metrics): one clock pair per chunk, never per message.
-                        latency = router.latency
-                        if latency is not None:
-                            routed_before = counters.msgs_in
-                            started = time.perf_counter()
                         held = ep.partial_bytes()
-                        try:
-                            more = on_bytes(data)
-                        finally:
-                            router.end_batch()
-                        if latency is not None:
-                            latency.observe(
-                                time.perf_counter() - started, counters.msgs_in - routed_before
-                            )
+                        more = route_slice(data)
                         partial = ep.partial_bytes()
                         if not partial:
                             frame_started = None
@@ -476,10 +482,7 @@ async def run_connection(
                         # burst never holds the event loop for the whole chunk.
                         while more and ep.closing is None:
                             await trio.lowlevel.checkpoint()
-                            try:
-                                more = on_bytes(b"")
-                            finally:
-                                router.end_batch()
+                            more = route_slice(b"")
                             if router.congested:
                                 await pause_for_congestion()
                 # Let the writer send what is queued (error frame, replies), then close.
