@@ -55,6 +55,20 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> 
     raise RuntimeError(f"server did not listen on port {port} within {timeout:.0f}s")
 
 
+def stop_server(proc: subprocess.Popen | None, work: pathlib.Path | None) -> None:
+    """SIGTERM (then SIGKILL after 15 s) a server this benchmark started; remove its files."""
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if work is not None:
+        # A benchmark run logs gigabytes of routing records: never leave them behind.
+        shutil.rmtree(work, ignore_errors=True)
+
+
 class Server:
     """A subprocess server with CPU and memory readings from /proc."""
 
@@ -79,15 +93,7 @@ class Server:
         return proc_rss(self.pid)
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.work is not None:
-            shutil.rmtree(self.work, ignore_errors=True)
+        stop_server(self.proc, self.work)
 
 
 def proc_cpu_seconds(pid: int) -> float:

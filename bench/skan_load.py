@@ -12,8 +12,6 @@ import gc
 import os
 import pathlib
 import select
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -24,7 +22,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from bench.anchors import FrameMaker, proc_cpu_seconds, proc_rss
+from bench.anchors import FrameMaker, proc_cpu_seconds, proc_rss, stop_server
 from wire.skan import FrameSplitter, decode, encode_frame
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -110,16 +108,7 @@ class Broker:
         return proc_rss(self.proc.pid)
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.work is not None:
-            # A benchmark run logs gigabytes of routing records: never leave them behind.
-            shutil.rmtree(self.work, ignore_errors=True)
+        stop_server(self.proc, self.work)
 
 
 async def raw_connect(addr: tuple[str, int]) -> tuple[trio.SocketStream, bytes]:
