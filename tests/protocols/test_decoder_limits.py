@@ -14,7 +14,7 @@ import trio
 
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
-from tests.runtime.test_limits import Bystander, metric_samples, sample
+from tests.runtime.test_limits import Bystander, metric_samples, sample, wait_eof
 from wire import mariner as mw
 from wire.eventer import ClientConnection, InitReq, InitResult, Status
 from wire.limits import MAX_ITEMS
@@ -38,19 +38,6 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
-
-
-async def read_until_closed(stream: trio.SocketStream, timeout: float = 10.0) -> bytes:
-    data = b""
-    with trio.fail_after(timeout):
-        while True:
-            try:
-                chunk = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                return data
-            if not chunk:
-                return data
-            data += chunk
 
 
 async def watch(bystander: Bystander, done: trio.Event, gaps: list[float]) -> None:
@@ -102,7 +89,7 @@ async def test_200000_conversations_left_open_close_the_connection(lbroker):
             closed = True
             break
     if not closed:
-        await read_until_closed(stream)
+        await wait_eof(stream, 10.0)
     grown = rss_kib(pid) - before
     assert grown < 30 * 1024, f"RSS grew by {grown} KiB"
     await bystander.check()
@@ -127,7 +114,7 @@ async def test_hostile_eventer_json_payloads_are_protocol_errors(lbroker, payloa
                "payload": ("value", ("json", payload))}]
     client.chatter.send_value("HatEventer.MsgRegisterReq", events, last=False)
     await stream.send_all(client.data_to_send())
-    await read_until_closed(stream)
+    await wait_eof(stream, 10.0)
     await bystander.check()
     await bystander.aclose()
 
@@ -144,7 +131,7 @@ async def test_hostile_mariner_json_is_answered_with_an_error(lbroker, body):
     stream = await trio.open_tcp_stream(*lbroker.addr["mariner"])
     started = time.process_time()
     await stream.send_all(mw.encode_frame(body))
-    data = await read_until_closed(stream)
+    data = await wait_eof(stream, 10.0)
     conn = mw.MarinerConnection(mw.CLIENT, 1 << 20)
     conn.initialised = True
     (error,) = conn.receive_data(data)
