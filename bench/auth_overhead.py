@@ -25,7 +25,7 @@ import time
 
 import trio
 
-from bench.onoff import compare, fan_out, in_process, parse_args
+from bench.onoff import compare, fan_out, in_process, parse_args, route_chunk
 from broker.core.auth import Authenticator, Permissions, User
 from broker.core.router import Router
 
@@ -71,8 +71,7 @@ def chunk_cost(subscribers: int, users: bool, chunks: int = 20) -> float:
         for conn in (pub, *subs):
             conn.queue.take_all()
         start = time.perf_counter()
-        pub.on_bytes(chunk)
-        router.end_batch()
+        route_chunk(router, pub, chunk)
         best = min(best, time.perf_counter() - start)
     delivered = sum(s.msgs_out for s in subs)
     assert delivered == chunks * per_chunk * subscribers, "messages were refused or lost"

@@ -23,7 +23,7 @@ import time
 
 import trio
 
-from bench.onoff import compare, fan_out, in_process, parse_args
+from bench.onoff import compare, fan_out, in_process, parse_args, route_chunk
 from bench.skan_load import Broker
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
@@ -64,8 +64,7 @@ def chunk_cost(subscribers: int, metrics: bool, chunks: int = 20) -> float:
         if latency is not None:
             before = counters.msgs_in
             began = time.perf_counter()
-        pub.on_bytes(chunk)
-        router.end_batch()
+        route_chunk(router, pub, chunk)
         if latency is not None:
             latency.observe(time.perf_counter() - began, counters.msgs_in - before)
         best = min(best, time.perf_counter() - start)

@@ -90,6 +90,15 @@ def fan_out(router: Router, subscribers: int) -> tuple[
     return pub, subs, frame * per_chunk, per_chunk
 
 
+def route_chunk(router: Router, pub: SkanEndpoint, chunk: bytes) -> None:
+    """Route one received chunk as the transport does: slice after slice, each its own batch."""
+    more = pub.on_bytes(chunk)
+    router.end_batch()
+    while more:
+        more = pub.on_bytes(b"")
+        router.end_batch()
+
+
 def in_process(feature: str, chunk_cost: Callable[[int, bool], float], rounds: int = 15,
                note: str = "") -> None:
     """Per-message cost of one routed chunk with the feature off and on (best of rounds)."""

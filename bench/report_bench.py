@@ -79,7 +79,7 @@ def generate(log_dir: str, records: int, *, seconds: float = 3600.0, seed: int =
         written += len(data)
 
     buf = RecordBuffer(4096, flush)
-    router.observers.append(buf.add)
+    router.observers.append(buf.observe)
     step = seconds / records
     picks = rnd.choices(range(len(groups)), weights, k=records)
     sender_picks = rnd.choices(range(len(senders)), [1.0 / (i + 3) for i in range(len(senders))],

@@ -26,7 +26,7 @@ import time
 
 import trio
 
-from bench.onoff import compare, fan_out, in_process, parse_args
+from bench.onoff import compare, fan_out, in_process, parse_args, route_chunk
 from broker.core.router import Router
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
@@ -52,8 +52,7 @@ def chunk_cost(subscribers: int, log: bool, chunks: int = 40) -> float:
     for _ in range(chunks):
         for conn in (pub, *subs):
             conn.queue.take_all()
-        pub.on_bytes(chunk)
-        router.end_batch()
+        route_chunk(router, pub, chunk)
     if routelog is not None:
         routelog.handoff()
         while routelog.queued:

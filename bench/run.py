@@ -36,6 +36,7 @@ FEATURES_OFF = {
     "log": "\n[log]\nenabled = false\n",
     "metrics": "\n[metrics]\nenabled = false\n",
     "retention": "\n[retention]\nsize = 0\n",
+    "store": "\n[store]\nenabled = false\n",
 }
 BARE = "".join(FEATURES_OFF.values())
 

@@ -114,24 +114,29 @@ class Backplane(Endpoint):
 
     # ---- out -------------------------------------------------------------
 
-    def observe(self, routed: Routed) -> None:
-        if routed.sender is self._remote:
-            return
-        header = routed.header
-        key = (header[b"group"], header[b"instance"], header[b"to"])
-        subject = self._subjects.get(key)
-        if subject is None:
-            if len(self._subjects) >= SUBJECT_CACHE_LIMIT:
-                self._subjects.clear()
-            subject = self._subjects[key] = subjects.message_subject(*key)
-        block = _HEADER % (routed.server, routed.session, routed.instance,
-                           int.from_bytes(_DOUBLE.pack(routed.timestamp), "little"))
-        frame = routed.frame
-        hlen = len(block)
-        if self.send(_HPUB % (subject, hlen, hlen + len(frame), block, frame)):
-            self.sent += 1
-        else:
-            self.drops += 1
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: publish the batch's messages that did not come from NATS."""
+        remote = self._remote
+        cache = self._subjects
+        send = self.send
+        for routed in batch:
+            if routed.sender is remote:
+                continue
+            header = routed.header
+            key = (header[b"group"], header[b"instance"], header[b"to"])
+            subject = cache.get(key)
+            if subject is None:
+                if len(cache) >= SUBJECT_CACHE_LIMIT:
+                    cache.clear()
+                subject = cache[key] = subjects.message_subject(*key)
+            block = _HEADER % (routed.server, routed.session, routed.instance,
+                               int.from_bytes(_DOUBLE.pack(routed.timestamp), "little"))
+            frame = routed.frame
+            hlen = len(block)
+            if send(_HPUB % (subject, hlen, hlen + len(frame), block, frame)):
+                self.sent += 1
+            else:
+                self.drops += 1
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         """The backplane is never a local recipient (it holds no subscriptions)."""

@@ -69,7 +69,12 @@ class RetentionStore:
 
     def attach(self, router: Router) -> None:
         if self.size:
-            router.local_observers.append(self.add)
+            router.local_observers.append(self.observe)
+
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: keep the batch's messages, evicting past the bounds."""
+        for routed in batch:
+            self.add(routed)
 
     def add(self, routed: Routed) -> None:
         items = self._items

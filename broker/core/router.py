@@ -342,12 +342,18 @@ class Router:
         # Endpoints whose outgoing queue passed its high-water mark during
         # routing; the trio layer pauses the publishing reader on them.
         self.congested: list[Endpoint] = []
-        # Called with every Routed message, delivered or not (retention, log).
-        self.observers: list[Callable[[Routed], None]] = []
-        # Called after ``observers`` with messages that entered this broker
-        # (not with those a cluster backplane brought in): what a broker of a
+        # Observers see what a batch routed, once per batch, in routing order
+        # (hand_over(), called by end_batch()): one call per received chunk,
+        # not per message, so an observer does its per-message work in one
+        # loop (or in C-level calls over the list) with its state in locals.
+        # ``observers`` get every Routed message, delivered or not (the log,
+        # the backplane); ``local_observers`` then get those that entered this
+        # broker, not those a cluster backplane brought in: what a broker of a
         # cluster keeps for Eventer queries and Mariner replay (BROKER-SPEC 8).
-        self.local_observers: list[Callable[[Routed], None]] = []
+        self.observers: list[Callable[[list[Routed]], None]] = []
+        self.local_observers: list[Callable[[list[Routed]], None]] = []
+        self._routed: list[Routed] = []
+        self._routed_remote = 0  # how many of _routed came from a backplane
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
         # Called with (group, True/False) when a group gains its first or
@@ -849,16 +855,39 @@ class Router:
                 gs = gstats[key[0]] = [0, 0]
             gs[0] += 1
             gs[1] += delivered
-        for observer in self.observers:
-            observer(routed)
-        if origin is None:
-            for observer in self.local_observers:
-                observer(routed)
+        self._routed.append(routed)
+        if origin is not None:
+            self._routed_remote += 1
         return routed
 
+    def hand_over(self) -> None:
+        """Give the observers what the current batch has routed so far.
+
+        end_batch() calls it; so does anything that reads what observers keep
+        (a query must see every message routed before it, even earlier in the
+        same batch).
+        """
+        batch = self._routed
+        if not batch:
+            return
+        self._routed = []
+        for observer in self.observers:
+            observer(batch)
+        if self.local_observers:
+            if self._routed_remote:
+                own = self.server_id
+                batch = [r for r in batch if r.server == own]
+            if batch:
+                for observer in self.local_observers:
+                    observer(batch)
+        self._routed_remote = 0
+
     def end_batch(self) -> None:
-        """Close the current routing batch: flush batched endpoints, open a new session."""
+        """Close the current routing batch: hand it to the observers, flush
+        batched endpoints, open a new session."""
         self._in_batch = False
+        if self._routed:
+            self.hand_over()
         if self._dirty:
             dirty, self._dirty = self._dirty, []
             for ep in dict.fromkeys(dirty):

@@ -20,8 +20,15 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterator
+from itertools import accumulate, islice, repeat
+from operator import attrgetter, contains, itemgetter, le
+from typing import TYPE_CHECKING
 
+from broker.core.events import SOURCE_TIMESTAMP_TAG
 from broker.core.retention import Entry
+
+if TYPE_CHECKING:
+    from broker.core.router import Routed
 
 # Events in one run: bounds the work of decoding a run that a query needs
 # only a few events of.
@@ -101,6 +108,52 @@ class RunBuilder:
         return (self.session, self.first, self.last, self.grp, self.inst, self.ts[0],
                 self.ts[-1], self.src, self.nbytes, pack("d", self.ts),
                 pack("q", self.delivered), pack("q", offsets), b"".join(self.frames))
+
+
+_header = attrgetter("header")
+_frame = attrgetter("frame")
+_timestamp = attrgetter("timestamp")
+_delivered = attrgetter("delivered")
+_group = itemgetter(b"group")
+_instance = itemgetter(b"instance")
+
+
+def batch_row(batch: list[Routed]) -> tuple | None:
+    """The row of a routing batch that is one run, or None when it is not.
+
+    A publisher's received chunk is one batch: one session, consecutive
+    instances, usually one type throughout.  Then every per-message step
+    here is a C-level call over the list (no Python code per message), and
+    the row equals what :class:`RunBuilder` builds from the same messages.
+    Anything else (several types, a source timestamp, a clock that went
+    back, a bound exceeded) is None: the caller builds runs message by
+    message.
+    """
+    n = len(batch)
+    first, last = batch[0], batch[-1]
+    session = first.session
+    if (n > MAX_RUN or last.session != session
+            or last.instance - first.instance != n - 1):  # instances only grow
+        return None
+    headers = list(map(_header, batch))
+    if any(map(contains, headers, repeat(SOURCE_TIMESTAMP_TAG, n))):
+        return None
+    grp, inst = headers[0][b"group"], headers[0][b"instance"]
+    if n > 1 and (list(map(_group, headers)).count(grp) != n
+                  or list(map(_instance, headers)).count(inst) != n):
+        return None
+    ts = list(map(_timestamp, batch))
+    if ts[-1] - ts[0] > MAX_RUN_SPAN or not all(map(le, ts, islice(ts, 1, None))):
+        return None
+    frames = list(map(_frame, batch))
+    offsets = [0]
+    offsets += accumulate(map(len, frames))
+    nbytes = offsets[-1]
+    if nbytes > MAX_RUN_BYTES and n > 1:
+        return None
+    return (session, first.instance, last.instance, grp, inst, ts[0], ts[-1], None, nbytes,
+            pack("d", ts), pack("q", list(map(_delivered, batch))), pack("q", offsets),
+            b"".join(frames))
 
 
 # Columns a reader selects to decode a run (see decode()).

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -44,6 +45,7 @@ from broker.store.runs import (
     MAX_RUN_SPAN,
     RUN_COLUMNS,
     RunBuilder,
+    batch_row,
     decode,
     sizes_and_times,
 )
@@ -52,8 +54,9 @@ from wire.skan import decode_header
 
 log = logging.getLogger(__name__)
 
-# Operations queued for the writer thread (first element of each tuple).
-EVENT, LOST, SPOOL_ADD, SPOOL_DEL, RESUME = range(5)
+# Operations queued for the writer thread (first element of each tuple; a
+# routing batch is queued as the list itself).
+LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW = range(5)
 
 # Bytes of frames queued for the writer before new messages are no longer
 # persisted (routing goes on): bounds the memory a stalled disk can take.
@@ -105,6 +108,24 @@ def _nothing(value: object) -> None:
     pass
 
 
+_frame = attrgetter("frame")
+
+
+def _expand(ops: list) -> Iterator:
+    """The writer's operations with each routing batch as one ROW (when it is
+    one run) or as its messages (built into runs one by one)."""
+    for op in ops:
+        if type(op) is list:
+            row = batch_row(op)
+            if row is None:
+                yield from op
+            else:
+                last = op[-1]
+                yield (ROW, row, last.timestamp, last.delivered, last.frame)
+        else:
+            yield op
+
+
 class Store:
     """Durable retained messages (a bounded ring by count, bytes and age) plus bridge spools."""
 
@@ -152,7 +173,7 @@ class Store:
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
         self._last_log = -LOG_INTERVAL
-        self._server = 0  # the router's server id (attach)
+        self._router: Router | None = None  # attach: flush() takes its open batch
 
     # ---- life cycle ----------------------------------------------------------------
 
@@ -171,10 +192,10 @@ class Store:
     def attach(self, router: Router) -> None:
         """Observe every routed message and continue the router's session numbering."""
         router.session = self.start_session(router.session)
-        self._server = router.server_id
+        self._router = router
         if self.size:
             # Only what entered this broker: in a cluster, each broker keeps its own.
-            router.local_observers.append(self.add)
+            router.local_observers.append(self.observe)
 
     def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Start the writer thread; ``call_soon`` runs a function in the routing thread."""
@@ -199,20 +220,20 @@ class Store:
 
     # ---- the hot path (trio thread) ------------------------------------------------
 
-    def add(self, routed: Routed) -> None:
-        """Router observer: queue a routed message for the writer (the object itself).
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: queue a routing batch for the writer (the list itself).
 
-        Only messages that entered this broker: a cluster peer's messages keep
-        their own server's EventIds, whose sessions interleave with ours (each
-        broker of a cluster keeps what entered it).
+        The router hands over only messages that entered this broker: a
+        cluster peer's messages keep their own server's EventIds, whose
+        sessions interleave with ours (each broker of a cluster keeps what
+        entered it).
         """
-        if routed.server != self._server:
-            return
         if self._added_bytes - self._taken_bytes > MAX_PENDING_BYTES:
-            self._ops.append((LOST, routed.session, routed.instance))
+            last = batch[-1]
+            self._ops.append((LOST, last.session, last.instance, len(batch)))
         else:
-            self._ops.append(routed)
-            self._added_bytes += len(routed.frame)
+            self._ops.append(batch)
+            self._added_bytes += sum(map(len, map(_frame, batch)))
         if not self._signalled:
             self._signalled = True
             self._wake.set()
@@ -259,6 +280,8 @@ class Store:
 
     def flush(self) -> None:
         """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
+        if self._router is not None:
+            self._router.hand_over()  # what the open batch routed so far counts too
         if self._ops:
             with self._lock:
                 self._commit_queued()
@@ -279,7 +302,7 @@ class Store:
             if self.max_age:
                 self._evict_only()
             return
-        batch = [ops.popleft() for _ in range(n)]
+        batch = _expand([ops.popleft() for _ in range(n)])
         # Per message, only what SQLite needs: this loop holds the GIL that
         # routing needs too (see broker/store/runs.py for why runs).
         rows: list[tuple] = []
@@ -300,6 +323,7 @@ class Store:
         r_n = r_bytes = 0
         add_ts = add_delivered = add_frame = _nothing
         max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
+        row_id: tuple[int, int] | None = None  # last EventId of the last ROW
         for op in batch:
             if type(op) is Routed:
                 header = op.header
@@ -335,17 +359,33 @@ class Store:
                                                     run.frames.append)
                 continue
             kind = op[0]
-            if kind == LOST:
+            if kind == ROW:
+                # A whole routing batch as one run, built in C-level calls.
                 if run is not None:
-                    # Everything routed before the lost message is in this batch.
+                    order += 1
+                    rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
+                    new_events += r_n
+                    run, r_n, r_next = None, 0, -1
+                row = op[1]
+                order += 1
+                rows.append(row)
+                latest[row[3], row[4]] = (row[3], row[4], order, row[0], row[2], op[2], op[3],
+                                          op[4])
+                new_events += row[2] - row[1] + 1
+                taken += row[8]
+                row_id = (row[0], row[2])
+            elif kind == LOST:
+                ok_id = row_id
+                if run is not None:
+                    # Everything routed before the lost messages is in this batch.
                     ok_id = (run.session, r_next - 1 if run.src is None else run.first)
-                    if not runs or runs[-1][0] < ok_id:
-                        runs.append((ok_id, True))
+                if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+                    runs.append((ok_id, True))
                 if runs and not runs[-1][1]:
                     runs[-1] = ((op[1], op[2]), False)
                 else:
                     runs.append(((op[1], op[2]), False))
-                self.stats.overload += 1
+                self.stats.overload += op[3]
             elif kind == SPOOL_ADD:
                 taken += len(op[5])
                 spool_add.append(op[1:])
@@ -353,13 +393,14 @@ class Store:
                 spool_del.append(op[1:])
             else:
                 resume[op[1]] = op[1:]
+        ok_id = row_id
         if run is not None:
             order += 1
             rows.append(self._close_run(run, r_next - 1, r_bytes, order, latest))
             new_events += r_n
             ok_id = (run.session, run.last)
-            if not runs or runs[-1][0] < ok_id:
-                runs.append((ok_id, True))
+        if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+            runs.append((ok_id, True))
         max_session = self._max_session
         if rows and rows[-1][0] > max_session:
             max_session = rows[-1][0]

@@ -125,7 +125,7 @@ def test_event_id_and_timestamp_are_the_origins():
     attach_as(routers[0], pub, lname(0, 0))
     attach_as(routers[1], sub, lname(1, 1))
     routers[1].subscribe(sub, b"g", b"*", NORMAL)
-    routers[1].observers.append(seen.append)
+    routers[1].observers.append(seen.extend)
     fake.pump()
     frame = encode_frame({"type": "send", "group": "g", "instance": "1", "to": "*",
                           "from": pub.lname, "seq": "1", "msg": b"m"})
@@ -151,7 +151,7 @@ def test_each_broker_keeps_only_what_entered_it():
     backplanes = [Backplane(r, r.server_id) for r in routers]
     fake = FakeNats(backplanes)
     seen: list[Routed] = []
-    routers[1].observers.append(seen.append)
+    routers[1].observers.append(seen.extend)
     clients = [Recorder(Counter(), i) for i in range(2)]
     for i, c in enumerate(clients):
         attach_as(routers[i], c, lname(i, i))

@@ -240,12 +240,37 @@ def test_batched_endpoints_flushed_once_per_batch(router):
     assert b.flushes == 1 and len(b.got) == 2
 
 
-def test_observers_see_every_routed_message(router):
-    seen = []
-    router.observers.append(seen.append)
+def test_observers_see_each_batch_once_in_order(router):
+    batches = []
+    router.observers.append(batches.append)
     (s,) = make(router, 1)
-    send(router, s)
-    assert len(seen) == 1 and seen[0].delivered == 0
+    first = send(router, s)
+    assert batches == []  # handed over at the end of the batch, not per message
+    second = send(router, s)
+    router.end_batch()
+    assert batches == [[first, second]] and first.delivered == 0
+    router.end_batch()  # an empty batch is not handed over
+    third = send(router, s)
+    router.hand_over()  # a reader asks mid-batch: what was routed so far
+    fourth = send(router, s)
+    router.end_batch()
+    assert batches[1:] == [[third], [fourth]]
+    assert (third.session, third.instance + 1) == (fourth.session, fourth.instance)
+
+
+def test_local_observers_skip_what_a_backplane_brought(router):
+    every, local = [], []
+    router.observers.append(every.append)
+    router.local_observers.append(local.append)
+    (s,) = make(router, 1)
+    mine = send(router, s)
+    frame = mine.frame
+    theirs = router.route(s, frame, decode_header(frame, 4), origin=(5, 77, 3, 1.5))
+    router.end_batch()
+    assert every == [[mine, theirs]] and local == [[mine]]
+    router.route(s, frame, decode_header(frame, 4), origin=(5, 77, 4, 1.5))
+    router.end_batch()
+    assert len(every) == 2 and len(local) == 1  # nothing local: no call
 
 
 def test_stats_counters(router):

@@ -186,3 +186,46 @@ def test_schema_version_mismatch_is_refused(tmp_path):
     store.close()
     with pytest.raises(StoreError, match="schema version 99"):
         open_store(tmp_path)
+
+
+def _runs_one_by_one(batch: list) -> list[tuple]:
+    """The rows RunBuilder makes of a batch message by message (the reference)."""
+    from broker.store.runs import RunBuilder
+
+    rows, run = [], None
+    for r in batch:
+        grp, inst = r.header[b"group"], r.header[b"instance"]
+        if run is not None and run.takes(r.session, r.instance, grp, inst, r.timestamp,
+                                         len(r.frame)):
+            run.add(r.instance, r.timestamp, r.delivered, r.frame)
+            continue
+        if run is not None:
+            rows.append(run.row())
+        run = RunBuilder(r.session, r.instance, grp, inst, None, r.timestamp, r.delivered,
+                         r.frame)
+    rows.append(run.row())
+    return rows
+
+
+@pytest.mark.parametrize("case", ["one-type", "two-types", "clock-back", "single"])
+def test_a_batch_of_one_type_is_one_row_built_in_c_level_calls(case):
+    """batch_row() equals the message-by-message reference, or declines (None)."""
+    from broker.store.runs import batch_row
+
+    clock = Clock()
+    router = Router(clock=clock)
+    sender = Sender()
+    router.attach(sender)
+    batch = []
+    for i in range(1 if case == "single" else 50):
+        group = "h" if case == "two-types" and i >= 30 else "g"
+        clock.now += -0.5 if case == "clock-back" and i == 20 else 0.001
+        sent = events.send_for_event((group, "1"), events.JsonPayload("x" * i),
+                                     sender=sender.lname, seq=i)
+        batch.append(router.route(sender, sent.frame, sent.header))
+    reference = _runs_one_by_one(batch)
+    row = batch_row(batch)
+    if case in ("one-type", "single"):
+        assert [row] == reference
+    else:
+        assert row is None and len(reference) == 2

@@ -108,23 +108,34 @@ class RecordBuffer:
         self._parts: dict[tuple, tuple[str, str, tuple[Endpoint, ...]]] = {}
 
     def add(self, routed: Routed) -> None:
-        recips = routed.recipients
-        h = routed.header
-        if recips:
-            parts = self._parts.get((routed.sender, id(recips))) or self._new_parts(routed)
-        else:
-            key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
-            parts = self._parts.get(key) or self._new_parts(routed)
-        seq = h.get(b"seq")
-        try:
-            sq = seq.decode() if seq.isdigit() else _seq(seq)
-        except AttributeError:  # no seq, or not DATA (zero-cost when not raised)
-            sq = _seq(seq)
+        self.observe([routed])
+
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: one line per routed message of the batch."""
         lines = self.lines
-        lines.append(
-            f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'
-            f'"size":{len(routed.frame)}{parts[1]}'
-        )
+        append = lines.append
+        cache = self._parts
+        last_key: tuple | None = None
+        parts = ("", "", ())
+        for routed in batch:
+            recips = routed.recipients
+            h = routed.header
+            # A batch is mostly one sender to one group: the previous
+            # message's parts, without a dict lookup.
+            key = (routed.sender, id(recips)) if recips else (
+                routed.sender, h[b"group"], h[b"instance"], h[b"to"])
+            if key != last_key:
+                parts = cache.get(key) or self._new_parts(routed)
+                last_key = key
+            seq = h.get(b"seq")
+            try:
+                sq = seq.decode() if seq.isdigit() else _seq(seq)
+            except AttributeError:  # no seq, or not DATA (zero-cost when not raised)
+                sq = _seq(seq)
+            append(
+                f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'
+                f'"size":{len(routed.frame)}{parts[1]}'
+            )
         if len(lines) >= self.limit:
             self.on_full()
 
@@ -171,6 +182,5 @@ def _seq(seq: object) -> str:
 def format_records(batch: Iterable[Routed], server: int = 0) -> str:
     """JSON Lines text for some routed messages (tests, benchmarks, tools)."""
     buf = RecordBuffer(1 << 62, lambda: None, server=server)
-    for routed in batch:
-        buf.add(routed)
+    buf.observe(list(batch))
     return "".join(buf.take())

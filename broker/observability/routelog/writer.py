@@ -120,7 +120,7 @@ class RoutingLog:
     def attach(self, router: Router) -> None:
         """Register the observer: it never blocks and never fails."""
         self.buffer = RecordBuffer(self.handoff_size, self.handoff, router)
-        router.observers.append(self.buffer.add)
+        router.observers.append(self.buffer.observe)
 
     def handoff(self) -> None:
         """Give the buffered lines to the writer; close the gate past the bound."""

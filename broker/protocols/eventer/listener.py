@@ -96,6 +96,7 @@ class EventerService:
 
     def query(self, params: w.QueryParams, visible: Visible = None) -> Answer:
         """From the store (or the ring); ``visible`` leaves out what the client may not read."""
+        self.router.hand_over()  # what this batch routed before the query counts too
         if isinstance(self.store, Store):
             return run_store_query(params, self.store, self.server_id, visible)
         return run_query(params, self.store, self.latest, self.server_id, visible)

@@ -73,16 +73,18 @@ class LatestTable:
 
     def attach(self, router: Router) -> None:
         if self.limit:
-            router.local_observers.append(self.add)
+            router.local_observers.append(self.observe)
 
-    def add(self, routed: Routed) -> None:
-        header = routed.header
-        key = (header[b"group"], header[b"instance"])
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: the batch's messages become their types' latest."""
         latest = self._latest
-        latest.pop(key, None)
-        latest[key] = (routed.session, routed.instance, routed.timestamp, routed.frame,
-                       routed.delivered, key[0], key[1])
-        if len(latest) > self.limit:
+        for routed in batch:
+            header = routed.header
+            key = (header[b"group"], header[b"instance"])
+            latest.pop(key, None)
+            latest[key] = (routed.session, routed.instance, routed.timestamp, routed.frame,
+                           routed.delivered, key[0], key[1])
+        while len(latest) > self.limit:
             del latest[next(iter(latest))]
 
     def __len__(self) -> int:

@@ -169,6 +169,7 @@ class MarinerEndpoint(QueuedEndpoint):
                 self.lname.decode(), last.server, self.server_id,
             )
             return
+        self.router.hand_over()  # the seam includes what this batch routed so far
         newest = self.retention.newest()
         if newest is None or (newest.session, newest.instance) <= (last.session, last.instance):
             return

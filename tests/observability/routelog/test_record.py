@@ -36,7 +36,9 @@ def send(router: Router, sender: Endpoint, group=b"g", instance=b"*", to=b"*", s
          **extra) -> Routed:
     frame = encode_frame({"type": "send", "from": sender.lname, "to": to, "group": group,
                           "instance": instance, "seq": seq, "msg": b"payload", **extra})
-    return router.route(sender, frame, decode_header(frame, 4))
+    routed = router.route(sender, frame, decode_header(frame, 4))
+    router.end_batch()  # one message, one batch: observers see it now
+    return routed
 
 
 def records(routed: list[Routed]) -> list[dict]:
@@ -137,9 +139,10 @@ def test_lines_are_plain_strings_and_buffer_calls_on_full(router):
     pub = sink(router)
     full = []
     buf = RecordBuffer(3, lambda: full.append(len(buf.lines)))
-    router.observers.append(buf.add)
+    router.observers.append(buf.observe)
     for _ in range(7):
         send(router, pub)
+        router.end_batch()
     assert full == [3, 4, 5, 6, 7]  # on_full until someone takes the lines
     assert len(buf.take()) == 7 and buf.lines == []
 
