@@ -69,6 +69,11 @@ class OutQueue:
             self.wakeup()
         return True
 
+    def put_back(self, data: bytes) -> None:
+        """Return the unsent tail of what :meth:`take` gave to the front of the queue."""
+        self.items.insert(0, data)
+        self.size += len(data)
+
     def take_all(self) -> bytes:
         items = self.items
         data = items[0] if len(items) == 1 else b"".join(items)

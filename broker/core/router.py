@@ -354,6 +354,10 @@ class Router:
         self.local_observers: list[Callable[[list[Routed]], None]] = []
         self._routed: list[Routed] = []
         self._routed_remote = 0  # how many of _routed came from a backplane
+        # Set by the transport while a reader routes one slice: parked
+        # writers of the slice's recipients register here and are sent to
+        # right after it (broker.runtime.transport.write_loop); None outside.
+        self.slice_writes: list[Callable[[], None]] | None = None
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
         # Called with (group, True/False) when a group gains its first or
@@ -924,6 +928,7 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         """The body of the Skan ``stats`` reply (ints are sent as decimal strings)."""
+        self.hand_over()  # observers' counters include what this batch routed so far
         c = self.counters
         # Kept current by attach/detach: no walk over the endpoints, so a
         # burst of stats requests costs the same with 10 or 10,000 connections.
