@@ -96,6 +96,8 @@ class StoreStats:
     overload: int = 0
     evicted: int = 0
     last_error: str = ""
+    # Bridge spool messages pushed out by [store] spool_max_bytes (oldest first).
+    spool_dropped: int = 0
 
 
 def default_dir(log_dir: str) -> str:
@@ -130,13 +132,16 @@ class Store:
     """Durable retained messages (a bounded ring by count, bytes and age) plus bridge spools."""
 
     def __init__(self, directory: str, *, size: int, max_bytes: int, max_age: float,
-                 flush_interval: float, clock: Callable[[], float] = time.time) -> None:
+                 flush_interval: float, spool_max_bytes: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.path = os.path.join(directory, DB_NAME)
         self.size = size
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.flush_interval = flush_interval
+        # Frame bytes each bridge's spool keeps (0: no bound; broker/store/spool.py).
+        self.spool_max_bytes = spool_max_bytes
         self.clock = clock
         self.stats = StoreStats()
         self._conn = open_store(directory)
@@ -173,6 +178,7 @@ class Store:
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
         self._last_log = -LOG_INTERVAL
+        self._last_spool_log = -LOG_INTERVAL
         self._router: Router | None = None  # attach: flush() takes its open batch
 
     # ---- life cycle ----------------------------------------------------------------
@@ -251,6 +257,16 @@ class Store:
     def set_resume(self, bridge: str, server: int, session: int, instance: int) -> None:
         self._ops.append((RESUME, bridge, server, session, instance))
         self._signal()
+
+    def spool_overflow(self, bridge: str, n: int, bound: int) -> None:
+        """Count ``n`` messages pushed out of ``bridge``'s spool by the byte bound."""
+        self.stats.spool_dropped += n
+        now = time.monotonic()
+        if now - self._last_spool_log >= LOG_INTERVAL:
+            self._last_spool_log = now
+            log.warning("bridge %s: spool full (spool_max_bytes %d): dropped the %d oldest "
+                        "messages; %d dropped from spools so far", bridge, bound, n,
+                        self.stats.spool_dropped)
 
     def _signal(self) -> None:
         if not self._signalled:

@@ -229,3 +229,60 @@ def test_a_batch_of_one_type_is_one_row_built_in_c_level_calls(case):
         assert [row] == reference
     else:
         assert row is None and len(reference) == 2
+
+
+def test_the_bridge_spool_keeps_its_newest_messages_within_spool_max_bytes(tmp_path):
+    from broker.store.spool import BridgeSpool
+
+    store, router, sender = setup(tmp_path, spool_max_bytes=1000)
+    routed = route(router, sender, 30, size=100)
+
+    def newest_within(msgs: list, bound: int) -> list:
+        kept: list = []
+        for r in reversed(msgs):
+            if sum(len(k.frame) for k in kept) + len(r.frame) > bound:
+                break
+            kept.insert(0, r)
+        return kept
+
+    spool = BridgeSpool.of(store, "hsp-0-x:1")
+    assert spool.restore() == []
+    pushed = []
+    for r in routed[:20]:
+        pushed += spool.added(r)
+    kept = newest_within(routed[:20], 1000)
+    assert 1 < len(kept) < 20
+    # Oldest first, and each one only once.
+    assert pushed == [(r.session, r.instance) for r in routed[:20 - len(kept)]]
+    assert store.stats.spool_dropped == 20 - len(kept)
+    # An acknowledgement of a message already pushed out changes nothing.
+    spool.removed(routed[0])
+    spool.removed(routed[19])
+    kept.pop()
+    assert spool.nbytes == sum(len(r.frame) for r in kept)
+    store.close()
+
+    # Reopened with a lower bound: the oldest beyond it are dropped at restore.
+    bound = sum(len(r.frame) for r in kept[-2:])
+    store = open_store(tmp_path, spool_max_bytes=bound)
+    restored = BridgeSpool.of(store, "hsp-0-x:1").restore()
+    assert [r.frame for r in restored] == [r.frame for r in kept[-2:]]
+    assert store.stats.spool_dropped == len(kept) - 2
+    store.close()
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [r.frame for r in kept[-2:]]
+    store.close()
+
+
+def test_a_message_above_spool_max_bytes_alone_is_kept(tmp_path):
+    from broker.store.spool import BridgeSpool
+
+    store, router, sender = setup(tmp_path, spool_max_bytes=50)
+    small, big = route(router, sender, 1, size=1)[0], route(router, sender, 1, size=500)[0]
+    spool = BridgeSpool.of(store, "eventer-0-x:1")
+    assert spool.added(small) == []
+    assert spool.added(big) == [(small.session, small.instance)]
+    store.close()
+    store = open_store(tmp_path, spool_max_bytes=50)
+    assert [r.frame for r in BridgeSpool.of(store, "eventer-0-x:1").restore()] == [big.frame]
+    store.close()
