@@ -38,6 +38,7 @@ import attrs
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
+from broker.store.carry import SpoolCarry
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
 from broker.store.runs import (
     MAX_RUN,
@@ -98,6 +99,10 @@ class StoreStats:
     last_error: str = ""
     # Bridge spool messages pushed out by [store] spool_max_bytes (oldest first).
     spool_dropped: int = 0
+    # Spool/resume operations of failed commits committed by a later commit,
+    # and those the carry's bounds dropped (broker/store/carry.py).
+    spool_retried: int = 0
+    spool_lost: int = 0
 
 
 def default_dir(log_dir: str) -> str:
@@ -166,6 +171,8 @@ class Store:
         self._latest_seq = self._conn.execute(
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
+        # Spool and resume operations of failed commits (broker/store/carry.py).
+        self._carry = SpoolCarry()
         self._added_bytes = 0  # written by the trio thread only
         self._taken_bytes = 0  # written by the writer thread only
         self._signalled = False
@@ -217,6 +224,12 @@ class Store:
             self._thread.join()
             self._thread = None
         self.flush()
+        if self._carry:
+            with self._lock:  # a last try for spool operations of failed commits
+                self._commit_queued()
+            if self._carry:
+                log.error("store %s: %d bridge spool operations of failed commits are lost at "
+                          "close", self.path, len(self._carry))
         try:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
@@ -274,7 +287,8 @@ class Store:
             self._wake.set()
 
     def pending(self) -> int:
-        return len(self._ops)
+        """Operations not yet committed: queued, and carried over from failed commits."""
+        return len(self._ops) + len(self._carry)
 
     # ---- the writer ----------------------------------------------------------------
 
@@ -314,7 +328,7 @@ class Store:
     def _commit_queued(self) -> None:
         ops = self._ops
         n = len(ops)
-        if n == 0:
+        if n == 0 and not self._carry:
             if self.max_age:
                 self._evict_only()
             return
@@ -417,6 +431,8 @@ class Store:
             ok_id = (run.session, run.last)
         if ok_id is not None and (not runs or runs[-1][0] < ok_id):
             runs.append((ok_id, True))
+        carried = len(self._carry)
+        spool_add, spool_del, resume = self._carry.take(spool_add, spool_del, resume)
         max_session = self._max_session
         if rows and rows[-1][0] > max_session:
             max_session = rows[-1][0]
@@ -458,6 +474,15 @@ class Store:
             self._failed(new_events, exc)
             if runs:
                 self._reports.append((runs[-1][0], False))
+            if spool_add or spool_del or resume:
+                lost = self._carry.keep(spool_add, spool_del, resume)
+                self.stats.spool_lost += lost
+                now = time.monotonic()
+                if lost and now - self._last_spool_log >= LOG_INTERVAL:
+                    self._last_spool_log = now
+                    log.error("store %s: failed commits kept more bridge spool operations than "
+                              "the carry's bound: %d dropped so far", self.path,
+                              self.stats.spool_lost)
             return
         self.count, self.bytes, self._ceiling = count, nbytes, ceiling
         self._latest_keys = latest_keys
@@ -467,6 +492,7 @@ class Store:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
         self.stats.commits += 1
+        self.stats.spool_retried += carried
         self.stats.events_written += new_events
         self.stats.bytes_written += taken
         self._reports.extend(runs)

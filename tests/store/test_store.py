@@ -286,3 +286,70 @@ def test_a_message_above_spool_max_bytes_alone_is_kept(tmp_path):
     store = open_store(tmp_path, spool_max_bytes=50)
     assert [r.frame for r in BridgeSpool.of(store, "eventer-0-x:1").restore()] == [big.frame]
     store.close()
+
+
+def _fill_disk(store: Store) -> None:
+    """SQLite's own limit on the database size: every further page allocation
+    fails with SQLITE_FULL ("database or disk is full"), as on a full disk."""
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _free_disk(store: Store) -> None:
+    store._conn.execute("PRAGMA max_page_count = 1073741823")
+
+
+async def test_spool_operations_of_a_failed_commit_are_retried_by_the_next(tmp_path):
+    store, router, sender = setup(tmp_path)
+    first = route(router, sender, 2)
+    for r in first:
+        store.spool_add("hsp-0-x:1", r)
+    store.flush()
+    _fill_disk(store)
+    big = route(router, sender, 3, size=20_000)  # retained events: not persisted
+    for r in big:
+        store.spool_add("hsp-0-x:1", r)
+    store.spool_remove("hsp-0-x:1", first[0].session, first[0].instance)
+    store.spool_remove("hsp-0-x:1", big[0].session, big[0].instance)  # never reached the disk
+    store.set_resume("mariner-1-y:2", 1, 2, 3)
+    store.flush()
+    assert store.stats.failed_commits == 1 and store.stats.failed_events == 3
+    # Kept: two inserts (the third cancelled by its delete), one delete, one resume point.
+    assert store.pending() == 4 and store.stats.spool_retried == 0
+    _free_disk(store)
+    # No new traffic: the writer's idle wake-up commits what was kept.
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    with trio.fail_after(5):
+        while store.stats.spool_retried < 4:
+            await trio.sleep(0.05)
+    assert store.pending() == 0 and store.stats.spool_lost == 0
+    store.close()
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [
+        r.frame for r in (first[1], big[1], big[2])]
+    assert store.resume_point("mariner-1-y:2") == (1, 2, 3)
+    # The retained events of the failed batch stay unpersisted.
+    assert [e[3] for e in store.entries_after(0, 0)] == [r.frame for r in first]
+    store.close()
+
+
+def test_spool_operations_kept_across_failed_commits_are_bounded_and_counted(tmp_path):
+    from broker.store.carry import SpoolCarry
+
+    store, router, sender = setup(tmp_path)
+    _fill_disk(store)
+    msgs = route(router, sender, 6, size=20_000)
+    store._carry = SpoolCarry(max_bytes=sum(len(r.frame) for r in msgs[3:]), max_deletes=2)
+    for r in msgs:
+        store.spool_add("hsp-0-x:1", r)
+    for i in range(5):
+        store.spool_remove("eventer-0-x:2", 10, i)  # rows that may be on disk
+    store.flush()
+    assert store.stats.spool_lost == 3 + 3
+    assert [a[4] for a in store._carry.adds] == [r.frame for r in msgs[3:]]
+    assert [d[2] for d in store._carry.deletes] == [3, 4]
+    _free_disk(store)
+    store.close()  # the last try at close commits what was kept
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [r.frame for r in msgs[3:]]
+    store.close()
