@@ -1,6 +1,6 @@
 """What the durable store costs and how fast it answers (docs/store.md).
 
-    python -m bench.store_bench [--rounds 3] [--seconds 5] [--events 1000000]
+    python -m bench.store_bench [--rounds 3] [--seconds 5] [--events 1000000] [--dir DIR]
 
 1. Routing 1->1 and 1->10 through real broker processes with the store on
    and off, interleaved in the same run (target: on >= 0.9x off).
@@ -11,7 +11,10 @@
    real router and writer): latency of a latest query and of a timeseries
    page (100 events, by type pattern, paged with lastEventId), then the
    store's start-up (open, check, continue the sessions) and a real broker
-   process's start-up on that directory until it listens.
+   process's start-up on that directory until it listens.  With ``--dir``
+   the store is built there only when the directory holds none, and kept
+   (to measure queries of one store with two versions of the code, or the
+   first open of a store written by an older version).
 """
 
 from __future__ import annotations
@@ -103,7 +106,10 @@ def build_store(directory: str, n: int) -> None:
 
 
 def query_latency(directory: str, n: int, repeats: int = 50) -> None:
+    started = time.perf_counter()
     store = Store(directory, size=n, max_bytes=0, max_age=0.0, flush_interval=0.01)
+    print(f"store opened in {time.perf_counter() - started:.2f}s (the first open by a version "
+          "with new indexes creates them)")
     try:
         latest = w.QueryLatestParams((("g3", "*"),))
         t = []
@@ -181,6 +187,8 @@ def main() -> None:
     p.add_argument("--scenarios", default="1-1,1-10")
     p.add_argument("--events", type=int, default=1_000_000,
                    help="events in the large store (0: skip queries and start-up)")
+    p.add_argument("--dir", default="",
+                   help="keep the large store here (built only if the directory has none)")
     args = p.parse_args()
     if args.rounds:
         trio.run(compare, "store", ON, OFF, args)
@@ -188,13 +196,15 @@ def main() -> None:
         trio.run(bytes_per_message, args.seconds)
         print()
     if args.events:
-        directory = tempfile.mkdtemp(prefix="skan-store-bench-")
+        directory = args.dir or tempfile.mkdtemp(prefix="skan-store-bench-")
         try:
-            build_store(directory, args.events)
+            if not os.path.exists(os.path.join(directory, "store.sqlite3")):
+                build_store(directory, args.events)
             query_latency(directory, args.events)
             startup(directory, args.events)
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            if not args.dir:
+                shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

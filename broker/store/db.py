@@ -7,7 +7,7 @@ Layout (docs/store.md has the full description):
 - ``runs``: the retained routed messages, consecutive messages of one
   type and one session in one row (broker/store/runs.py), in routing
   (= EventId) order; indexed by EventId, by first and by last timestamp
-  (alone and after the group) and by source timestamp;
+  (alone, after the group, and after the type) and by source timestamp;
 - ``latest``: the newest message per (group, instance), least recently
   updated evicted first;
 - ``spool``: the bridges' unacknowledged messages, per bridge;
@@ -20,12 +20,16 @@ refused with :class:`StoreError` naming the path and the reason.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import time
 
 DB_NAME = "store.sqlite3"
 MAGIC = "skan-broker event store"
 SCHEMA_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -51,6 +55,7 @@ CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
 CREATE INDEX runs_max ON runs (max_ts, session, last);
 CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
 CREATE INDEX runs_src ON runs (src_us, session, first, grp, min_ts) WHERE src_us IS NOT NULL;
+{type_indexes}
 CREATE TABLE latest (
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,
@@ -78,6 +83,15 @@ CREATE TABLE resume (
     instance INTEGER NOT NULL
 );
 """
+
+# Indexes added after schema version 1 was released: created at open when
+# missing (additive, so a store written before them opens as it is and an
+# older broker still reads a store that has them; no version bump).
+ADDED_INDEXES = """
+CREATE INDEX IF NOT EXISTS runs_type_min ON runs (grp, inst, min_ts, session, first);
+CREATE INDEX IF NOT EXISTS runs_type_max ON runs (grp, inst, max_ts, session, last);
+"""
+SCHEMA = SCHEMA.format(type_indexes=ADDED_INDEXES.strip())
 
 # Milliseconds a connection waits for the other one's lock (the writer
 # thread against a query's flush) before SQLite reports "database is locked".
@@ -146,6 +160,7 @@ def open_store(directory: str) -> sqlite3.Connection:
             finally:
                 conn.close()
             conn = connect(path)
+            _add_indexes(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(path, f"damaged or not a database: {exc}") from None
     return conn
@@ -162,6 +177,22 @@ def _create(conn: sqlite3.Connection) -> None:
         ("evicted_instance", None),
     ])
     conn.execute("COMMIT")
+
+
+def _add_indexes(conn: sqlite3.Connection, path: str) -> None:
+    """Create the indexes added since version 1 (one transaction; once per store)."""
+    wanted = {line.split()[5] for line in ADDED_INDEXES.strip().splitlines()}
+    have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    if wanted <= have:
+        return
+    started = time.monotonic()
+    conn.execute("BEGIN IMMEDIATE")
+    for statement in ADDED_INDEXES.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("COMMIT")
+    log.info("store %s: indexes %s added in %.1fs", path, ", ".join(sorted(wanted - have)),
+             time.monotonic() - started)
 
 
 def _verify(conn: sqlite3.Connection, path: str) -> None:

@@ -65,6 +65,10 @@ MAX_PENDING_BYTES = 64 * 1024 * 1024
 # Seconds between two log lines about failed writes or overload: a full
 # disk must not flood the log.
 LOG_INTERVAL = 10.0
+# Types of one group a timeseries query walks one by one (by the type
+# indexes, merged) instead of walking the whole group and skipping the other
+# types' runs; beyond it, the merge's per-run heap work outweighs the saving.
+MAX_TYPE_WALKS = 16
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
 # Sessions reserved ahead of use.  The ceiling is committed before sessions
@@ -709,6 +713,27 @@ class Store:
                 f"SELECT {self._ENTRY} FROM latest WHERE grp = ?", (g,)).fetchall()
         return found
 
+    def _few_types(self, group: bytes, accept_type: Callable[[bytes, bytes], bool]
+                   ) -> list[bytes] | None:
+        """The instances of ``group`` a query wants, when they are some of the group's
+        types but at most :data:`MAX_TYPE_WALKS` (else None: walk the group).
+
+        The latest table lists every type that has retained events: a type
+        leaves it only once ``size`` other types were updated after it, that
+        is after ``size`` newer messages, which the count bound has already
+        evicted its events for (in the same transaction).
+        """
+        accepted: list[bytes] = []
+        rejected = False
+        for (inst,) in self._read.execute("SELECT inst FROM latest WHERE grp = ?", (group,)):
+            if accept_type(group, inst):
+                accepted.append(inst)
+                if len(accepted) > MAX_TYPE_WALKS:
+                    return None
+            else:
+                rejected = True
+        return accepted if rejected or not accepted else None
+
     def ordered(self, *, by_source: bool, descending: bool, groups: list[bytes] | None,
                 t_from: int | None, t_to: int | None, s_from: int | None, s_to: int | None,
                 after: tuple | None,
@@ -790,30 +815,39 @@ class Store:
         order = ", ".join(f"{c.strip()} {direction}" for c in index_key.split(","))
         cols = f"{RUN_COLUMNS}, {key_col}, session, {'last' if descending else 'first'}"
 
-        def runs_of(group: bytes | None) -> Iterator[tuple]:
+        def runs_of(group: bytes | None, inst: bytes | None = None) -> Iterator[tuple]:
             where = list(cond)
             gargs = list(args)
-            if group is not None:
+            if inst is not None:
+                where[:0] = ["grp = ?", "inst = ?"]
+                gargs[:0] = [group, inst]
+            elif group is not None:
                 where.insert(0, "grp = ?")
                 gargs.insert(0, group)
             # The walk must follow the order's index (a page is the first rows
             # of it), not an index that filters better and then sorts them all.
+            end = "max" if descending else "min"
             index = "runs_src" if by_source else (
-                ("runs_grp_max" if descending else "runs_grp_min") if group is not None
-                else ("runs_max" if descending else "runs_min"))
+                f"runs_type_{end}" if inst is not None
+                else f"runs_grp_{end}" if group is not None else f"runs_{end}")
             sql = f"SELECT {cols} FROM runs INDEXED BY {index}"
             if where:
                 sql += " WHERE " + " AND ".join(where)
             return self._runs(f"{sql} ORDER BY {order}", gargs)
 
         if groups is None or by_source:
-            runs: Iterator[tuple] = runs_of(None)
-        elif len(groups) == 1:
-            runs = runs_of(groups[0])
+            walks = [runs_of(None)]
         else:
-            # One index walk per group, merged in run order.
-            runs = heapq.merge(*(runs_of(g) for g in dict.fromkeys(groups)),
-                               key=lambda r: r[10:13], reverse=descending)
+            walks = []
+            for g in dict.fromkeys(groups):
+                types = None if accept_type is None else self._few_types(g, accept_type)
+                if types is None:
+                    walks.append(runs_of(g))
+                else:
+                    walks += [runs_of(g, inst) for inst in types]
+        # One index walk per group or type, merged in run order.
+        runs: Iterator[tuple] = walks[0] if len(walks) == 1 else heapq.merge(
+            *walks, key=lambda r: r[10:13], reverse=descending)  # also none: no such type
         if accept_type is not None:
             runs = (r for r in runs if accept_type(r[3], r[4]))
         floor = self.evicted_upto

@@ -353,3 +353,27 @@ def test_spool_operations_kept_across_failed_commits_are_bounded_and_counted(tmp
     store = open_store(tmp_path)
     assert [r.frame for r in store.spooled("hsp-0-x:1")] == [r.frame for r in msgs[3:]]
     store.close()
+
+
+def test_a_store_written_before_the_type_indexes_gets_them_at_open(tmp_path):
+    import sqlite3
+
+    from broker.protocols.eventer.query import run_store_query
+    from wire import eventer as w
+
+    store, router, sender = setup(tmp_path)
+    routed = route(router, sender, 9)
+    store.close()
+    with sqlite3.connect(tmp_path / "store.sqlite3") as conn:  # as version 1 first shipped
+        conn.execute("DROP INDEX runs_type_min")
+        conn.execute("DROP INDEX runs_type_max")
+    conn.close()
+    store = open_store(tmp_path)
+    names = {r[0] for r in store._conn.execute("SELECT name FROM sqlite_master")}
+    assert {"runs_type_min", "runs_type_max"} <= names
+    # One type of the group's three: walked by the type index.
+    assert store._few_types(b"g", lambda g, i: i == b"1") == [b"1"]
+    answer = run_store_query(w.QueryTimeseriesParams((("g", "1"),)), store, 1)
+    assert [e[:2] for e in answer.entries] == [
+        (r.session, r.instance) for r in reversed(routed[1::3])]
+    store.close()
