@@ -7,7 +7,8 @@ Layout (docs/store.md has the full description):
 - ``runs``: the retained routed messages, consecutive messages of one
   type and one session in one row (broker/store/runs.py), in routing
   (= EventId) order; indexed by EventId, by first and by last timestamp
-  (alone, after the group, and after the type) and by source timestamp;
+  (alone and after the group, with the instance last so that a query for
+  some types of a group filters on the index) and by source timestamp;
 - ``latest``: the newest message per (group, instance), least recently
   updated evicted first;
 - ``spool``: the bridges' unacknowledged messages, per bridge;
@@ -51,11 +52,9 @@ CREATE TABLE runs (
 );
 CREATE UNIQUE INDEX runs_id ON runs (session, first);
 CREATE INDEX runs_min ON runs (min_ts, session, first);
-CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
+{grp_indexes}
 CREATE INDEX runs_max ON runs (max_ts, session, last);
-CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
 CREATE INDEX runs_src ON runs (src_us, session, first, grp, min_ts) WHERE src_us IS NOT NULL;
-{type_indexes}
 CREATE TABLE latest (
     grp BLOB NOT NULL,
     inst BLOB NOT NULL,
@@ -84,14 +83,16 @@ CREATE TABLE resume (
 );
 """
 
-# Indexes added after schema version 1 was released: created at open when
-# missing (additive, so a store written before them opens as it is and an
-# older broker still reads a store that has them; no version bump).
-ADDED_INDEXES = """
-CREATE INDEX IF NOT EXISTS runs_type_min ON runs (grp, inst, min_ts, session, first);
-CREATE INDEX IF NOT EXISTS runs_type_max ON runs (grp, inst, max_ts, session, last);
+# The group indexes end with the instance (since after version 1 was first
+# released): a query for some types of a group tests the instance on the
+# index and reads only the rows it wants.  A store whose group indexes lack
+# it gets them rebuilt at open; same names and leading columns, so an older
+# broker reads either kind (no version bump).
+GRP_INDEXES = """
+CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first, inst);
+CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last, inst);
 """
-SCHEMA = SCHEMA.format(type_indexes=ADDED_INDEXES.strip())
+SCHEMA = SCHEMA.format(grp_indexes=GRP_INDEXES.strip())
 
 # Milliseconds a connection waits for the other one's lock (the writer
 # thread against a query's flush) before SQLite reports "database is locked".
@@ -160,7 +161,7 @@ def open_store(directory: str) -> sqlite3.Connection:
             finally:
                 conn.close()
             conn = connect(path)
-            _add_indexes(conn, path)
+            _upgrade_indexes(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(path, f"damaged or not a database: {exc}") from None
     return conn
@@ -179,19 +180,20 @@ def _create(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
 
 
-def _add_indexes(conn: sqlite3.Connection, path: str) -> None:
-    """Create the indexes added since version 1 (one transaction; once per store)."""
-    wanted = {line.split()[5] for line in ADDED_INDEXES.strip().splitlines()}
-    have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    if wanted <= have:
+def _upgrade_indexes(conn: sqlite3.Connection, path: str) -> None:
+    """Rebuild group indexes written without the instance (one transaction, once)."""
+    columns = [row[2] for row in conn.execute("PRAGMA index_info(runs_grp_min)")]
+    if "inst" in columns:
         return
     started = time.monotonic()
     conn.execute("BEGIN IMMEDIATE")
-    for statement in ADDED_INDEXES.split(";"):
+    conn.execute("DROP INDEX IF EXISTS runs_grp_min")
+    conn.execute("DROP INDEX IF EXISTS runs_grp_max")
+    for statement in GRP_INDEXES.split(";"):
         if statement.strip():
             conn.execute(statement)
     conn.execute("COMMIT")
-    log.info("store %s: indexes %s added in %.1fs", path, ", ".join(sorted(wanted - have)),
+    log.info("store %s: group indexes rebuilt with the instance in %.1fs", path,
              time.monotonic() - started)
 
 

@@ -65,10 +65,11 @@ MAX_PENDING_BYTES = 64 * 1024 * 1024
 # Seconds between two log lines about failed writes or overload: a full
 # disk must not flood the log.
 LOG_INTERVAL = 10.0
-# Types of one group a timeseries query walks one by one (by the type
-# indexes, merged) instead of walking the whole group and skipping the other
-# types' runs; beyond it, the merge's per-run heap work outweighs the saving.
-MAX_TYPE_WALKS = 16
+# Types of one group a timeseries query names in its walk of the group index
+# (tested on the index: the other types' rows are never read); beyond it the
+# walk reads every row of the group and skips the other types in Python.
+# Bounds the SQL statement (one parameter per type).
+MAX_QUERY_TYPES = 64
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
 # Sessions reserved ahead of use.  The ceiling is committed before sessions
@@ -713,10 +714,10 @@ class Store:
                 f"SELECT {self._ENTRY} FROM latest WHERE grp = ?", (g,)).fetchall()
         return found
 
-    def _few_types(self, group: bytes, accept_type: Callable[[bytes, bytes], bool]
+    def _wanted_types(self, group: bytes, accept_type: Callable[[bytes, bytes], bool]
                    ) -> list[bytes] | None:
         """The instances of ``group`` a query wants, when they are some of the group's
-        types but at most :data:`MAX_TYPE_WALKS` (else None: walk the group).
+        types but at most :data:`MAX_QUERY_TYPES` (else None: walk the whole group).
 
         The latest table lists every type that has retained events: a type
         leaves it only once ``size`` other types were updated after it, that
@@ -728,7 +729,7 @@ class Store:
         for (inst,) in self._read.execute("SELECT inst FROM latest WHERE grp = ?", (group,)):
             if accept_type(group, inst):
                 accepted.append(inst)
-                if len(accepted) > MAX_TYPE_WALKS:
+                if len(accepted) > MAX_QUERY_TYPES:
                     return None
             else:
                 rejected = True
@@ -815,12 +816,12 @@ class Store:
         order = ", ".join(f"{c.strip()} {direction}" for c in index_key.split(","))
         cols = f"{RUN_COLUMNS}, {key_col}, session, {'last' if descending else 'first'}"
 
-        def runs_of(group: bytes | None, inst: bytes | None = None) -> Iterator[tuple]:
+        def runs_of(group: bytes | None, insts: list[bytes] | None = None) -> Iterator[tuple]:
             where = list(cond)
             gargs = list(args)
-            if inst is not None:
-                where[:0] = ["grp = ?", "inst = ?"]
-                gargs[:0] = [group, inst]
+            if insts is not None:
+                where[:0] = ["grp = ?", f"inst IN ({', '.join('?' * len(insts))})"]
+                gargs[:0] = [group, *insts]
             elif group is not None:
                 where.insert(0, "grp = ?")
                 gargs.insert(0, group)
@@ -828,8 +829,7 @@ class Store:
             # of it), not an index that filters better and then sorts them all.
             end = "max" if descending else "min"
             index = "runs_src" if by_source else (
-                f"runs_type_{end}" if inst is not None
-                else f"runs_grp_{end}" if group is not None else f"runs_{end}")
+                f"runs_grp_{end}" if group is not None else f"runs_{end}")
             sql = f"SELECT {cols} FROM runs INDEXED BY {index}"
             if where:
                 sql += " WHERE " + " AND ".join(where)
@@ -840,12 +840,12 @@ class Store:
         else:
             walks = []
             for g in dict.fromkeys(groups):
-                types = None if accept_type is None else self._few_types(g, accept_type)
+                types = None if accept_type is None else self._wanted_types(g, accept_type)
                 if types is None:
                     walks.append(runs_of(g))
-                else:
-                    walks += [runs_of(g, inst) for inst in types]
-        # One index walk per group or type, merged in run order.
+                elif types:
+                    walks.append(runs_of(g, types))
+        # One index walk per group, merged in run order.
         runs: Iterator[tuple] = walks[0] if len(walks) == 1 else heapq.merge(
             *walks, key=lambda r: r[10:13], reverse=descending)  # also none: no such type
         if accept_type is not None:

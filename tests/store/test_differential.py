@@ -166,7 +166,7 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
         for order in w.Order:
             for order_by in w.OrderBy:
                 # Everything, a group, one type, and types of two groups (the
-                # store walks some types one by one: Store._few_types).
+                # store tests the instance on its group index: Store._wanted_types).
                 for types in (None, (("a", "*"),), (("b", "z"),),
                               (("a", "?", "y"), ("c", "*"), ("b", "x"))):
                     last = None

@@ -355,7 +355,7 @@ def test_spool_operations_kept_across_failed_commits_are_bounded_and_counted(tmp
     store.close()
 
 
-def test_a_store_written_before_the_type_indexes_gets_them_at_open(tmp_path):
+def test_group_indexes_written_without_the_instance_are_rebuilt_at_open(tmp_path):
     import sqlite3
 
     from broker.protocols.eventer.query import run_store_query
@@ -365,14 +365,17 @@ def test_a_store_written_before_the_type_indexes_gets_them_at_open(tmp_path):
     routed = route(router, sender, 9)
     store.close()
     with sqlite3.connect(tmp_path / "store.sqlite3") as conn:  # as version 1 first shipped
-        conn.execute("DROP INDEX runs_type_min")
-        conn.execute("DROP INDEX runs_type_max")
+        conn.execute("DROP INDEX runs_grp_min")
+        conn.execute("DROP INDEX runs_grp_max")
+        conn.execute("CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first)")
+        conn.execute("CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last)")
     conn.close()
     store = open_store(tmp_path)
-    names = {r[0] for r in store._conn.execute("SELECT name FROM sqlite_master")}
-    assert {"runs_type_min", "runs_type_max"} <= names
-    # One type of the group's three: walked by the type index.
-    assert store._few_types(b"g", lambda g, i: i == b"1") == [b"1"]
+    for name in ("runs_grp_min", "runs_grp_max"):
+        assert [r[2] for r in store._conn.execute(f"PRAGMA index_info({name})")][-1] == "inst"
+    # One type of the group's three: named in the walk of the group index.
+    assert store._wanted_types(b"g", lambda g, i: i == b"1") == [b"1"]
+    assert store._wanted_types(b"g", lambda g, i: True) is None
     answer = run_store_query(w.QueryTimeseriesParams((("g", "1"),)), store, 1)
     assert [e[:2] for e in answer.entries] == [
         (r.session, r.instance) for r in reversed(routed[1::3])]
