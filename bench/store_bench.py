@@ -1,6 +1,6 @@
 """What the durable store costs and how fast it answers (docs/store.md).
 
-    python -m bench.store_bench [--rounds 3] [--seconds 5] [--events 1000000]
+    python -m bench.store_bench [--rounds 3] [--seconds 5] [--events 1000000] [--dir DIR]
 
 1. Routing 1->1 and 1->10 through real broker processes with the store on
    and off, interleaved in the same run (target: on >= 0.9x off).
@@ -11,7 +11,10 @@
    real router and writer): latency of a latest query and of a timeseries
    page (100 events, by type pattern, paged with lastEventId), then the
    store's start-up (open, check, continue the sessions) and a real broker
-   process's start-up on that directory until it listens.
+   process's start-up on that directory until it listens.  With ``--dir``
+   the store is built there only when the directory holds none, and kept
+   (to measure queries of one store with two versions of the code, or the
+   first open of a store written by an older version).
 """
 
 from __future__ import annotations
@@ -102,8 +105,64 @@ def build_store(directory: str, n: int) -> None:
     store.close()
 
 
+def writer_cost(commits: int = 300, per_commit: int = 1000, batch: int = 250,
+                size: int = 100_000, types: int = 1, profile: bool = False) -> float:
+    """CPU the writer spends per routed 100-byte message, in process.
+
+    ``types`` event types taking turns message by message (1: every routing
+    batch is one run; 100: every run is one message, the worst case), routing
+    batches of ``batch`` messages (a publisher's chunk),
+    ``per_commit`` messages per commit (about what flush_interval gathers at
+    100,000 messages/s), a full ring (``size``) so that every commit also
+    evicts.  The commit runs in this thread, timed with its thread CPU clock
+    (SQLite's work included, fsync waits not).  Returns microseconds per message.
+    """
+    directory = tempfile.mkdtemp(prefix="skan-store-writer-")
+    try:
+        router = Router()
+        store = Store(directory, size=size, max_bytes=0, max_age=0.0, flush_interval=0.01)
+        store.attach(router)
+        sender = _Sender()
+        router.attach(sender)
+        sends = [events.send_for_event((f"g{t % 10}", f"dev{t // 10}"),
+                                       events.JsonPayload("x" * PAYLOAD),
+                                       sender=sender.lname, seq=t) for t in range(types)]
+
+        def one_commit() -> float:
+            for i in range(per_commit):
+                sent = sends[i % types]
+                router.route(sender, sent.frame, sent.header)
+                if i % batch == batch - 1:
+                    router.end_batch()
+            router.end_batch()
+            router.hand_over()
+            started = time.thread_time()
+            store.flush()
+            return time.thread_time() - started
+
+        for _ in range(size // per_commit + 20):  # fill the ring: eviction from now on
+            one_commit()
+        if profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+        cpu = sum(one_commit() for _ in range(commits))
+        if profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+        store.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return cpu / (commits * per_commit) * 1e6
+
+
 def query_latency(directory: str, n: int, repeats: int = 50) -> None:
+    started = time.perf_counter()
     store = Store(directory, size=n, max_bytes=0, max_age=0.0, flush_interval=0.01)
+    print(f"store opened in {time.perf_counter() - started:.2f}s (a store written before the "
+          "group indexes ended with the instance gets them rebuilt at its first open)")
     try:
         latest = w.QueryLatestParams((("g3", "*"),))
         t = []
@@ -181,20 +240,39 @@ def main() -> None:
     p.add_argument("--scenarios", default="1-1,1-10")
     p.add_argument("--events", type=int, default=1_000_000,
                    help="events in the large store (0: skip queries and start-up)")
+    p.add_argument("--writer", action="store_true",
+                   help="only the writer's CPU per routed message (in process)")
+    p.add_argument("--dir", default="",
+                   help="keep the large store here (built only if the directory has none)")
     args = p.parse_args()
+    if args.writer:
+        # (messages per commit, per routing batch, types, ring size): the last
+        # ring is cut inside a run at every commit (its eviction takes part of one).
+        for per_commit, batch, types, size in ((1000, 250, 1, 100_000), (200, 50, 1, 100_000),
+                                               (1000, 250, 100, 100_000),
+                                               (4000, 4000, 1, 102_000)):
+            costs = sorted(writer_cost(per_commit=per_commit, batch=batch, types=types,
+                                       size=size, commits=300 if types == 1 else 100)
+                           for _ in range(3))
+            print(f"writer CPU per routed {PAYLOAD}-byte message ({types} types, {per_commit} "
+                  f"per commit, batches of {batch}, full ring of {size}): "
+                  f"{' / '.join(f'{c:.2f}' for c in costs)} us")
+        return
     if args.rounds:
         trio.run(compare, "store", ON, OFF, args)
         print()
         trio.run(bytes_per_message, args.seconds)
         print()
     if args.events:
-        directory = tempfile.mkdtemp(prefix="skan-store-bench-")
+        directory = args.dir or tempfile.mkdtemp(prefix="skan-store-bench-")
         try:
-            build_store(directory, args.events)
+            if not os.path.exists(os.path.join(directory, "store.sqlite3")):
+                build_store(directory, args.events)
             query_latency(directory, args.events)
             startup(directory, args.events)
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            if not args.dir:
+                shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

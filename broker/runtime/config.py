@@ -218,6 +218,12 @@ class StoreSection:
     # what a power loss or SIGKILL can take and how late persisted
     # notifications come.
     flush_interval: float = attrs.field(default=0.01, validator=_positive)
+    # Frame bytes each HSP/Eventer bridge keeps spooled (0: no byte bound);
+    # beyond it the oldest spooled messages go first, as NATS JetStream's
+    # default discard policy does.  64 MiB: the buffer mirrors the spool, so
+    # this is also the memory a bridge whose peer is down can hold, while the
+    # default buffer (10,000 messages) of frames up to 6 KiB still fits whole.
+    spool_max_bytes: int = attrs.field(default=64 * MiB, validator=_non_negative)
 
 
 @attrs.frozen

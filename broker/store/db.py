@@ -7,7 +7,8 @@ Layout (docs/store.md has the full description):
 - ``runs``: the retained routed messages, consecutive messages of one
   type and one session in one row (broker/store/runs.py), in routing
   (= EventId) order; indexed by EventId, by first and by last timestamp
-  (alone and after the group) and by source timestamp;
+  (alone and after the group, with the instance last so that a query for
+  some types of a group filters on the index) and by source timestamp;
 - ``latest``: the newest message per (group, instance), least recently
   updated evicted first;
 - ``spool``: the bridges' unacknowledged messages, per bridge;
@@ -20,12 +21,16 @@ refused with :class:`StoreError` naming the path and the reason.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import time
 
 DB_NAME = "store.sqlite3"
 MAGIC = "skan-broker event store"
 SCHEMA_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -47,9 +52,8 @@ CREATE TABLE runs (
 );
 CREATE UNIQUE INDEX runs_id ON runs (session, first);
 CREATE INDEX runs_min ON runs (min_ts, session, first);
-CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first);
+{grp_indexes}
 CREATE INDEX runs_max ON runs (max_ts, session, last);
-CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last);
 CREATE INDEX runs_src ON runs (src_us, session, first, grp, min_ts) WHERE src_us IS NOT NULL;
 CREATE TABLE latest (
     grp BLOB NOT NULL,
@@ -78,6 +82,17 @@ CREATE TABLE resume (
     instance INTEGER NOT NULL
 );
 """
+
+# The group indexes end with the instance (since after version 1 was first
+# released): a query for some types of a group tests the instance on the
+# index and reads only the rows it wants.  A store whose group indexes lack
+# it gets them rebuilt at open; same names and leading columns, so an older
+# broker reads either kind (no version bump).
+GRP_INDEXES = """
+CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first, inst);
+CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last, inst);
+"""
+SCHEMA = SCHEMA.format(grp_indexes=GRP_INDEXES.strip())
 
 # Milliseconds a connection waits for the other one's lock (the writer
 # thread against a query's flush) before SQLite reports "database is locked".
@@ -146,6 +161,7 @@ def open_store(directory: str) -> sqlite3.Connection:
             finally:
                 conn.close()
             conn = connect(path)
+            _upgrade_indexes(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(path, f"damaged or not a database: {exc}") from None
     return conn
@@ -162,6 +178,23 @@ def _create(conn: sqlite3.Connection) -> None:
         ("evicted_instance", None),
     ])
     conn.execute("COMMIT")
+
+
+def _upgrade_indexes(conn: sqlite3.Connection, path: str) -> None:
+    """Rebuild group indexes written without the instance (one transaction, once)."""
+    columns = [row[2] for row in conn.execute("PRAGMA index_info(runs_grp_min)")]
+    if "inst" in columns:
+        return
+    started = time.monotonic()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("DROP INDEX IF EXISTS runs_grp_min")
+    conn.execute("DROP INDEX IF EXISTS runs_grp_max")
+    for statement in GRP_INDEXES.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("COMMIT")
+    log.info("store %s: group indexes rebuilt with the instance in %.1fs", path,
+             time.monotonic() - started)
 
 
 def _verify(conn: sqlite3.Connection, path: str) -> None:

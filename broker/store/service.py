@@ -37,7 +37,8 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
     directory = config.store.dir or default_dir(config.log.dir)
     started = time.monotonic()
     store = Store(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
-                  flush_interval=config.store.flush_interval)
+                  flush_interval=config.store.flush_interval,
+                  spool_max_bytes=config.store.spool_max_bytes)
     store.attach(router)
     store.start(trio.lowlevel.current_trio_token().run_sync_soon)
     log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",

@@ -38,6 +38,7 @@ import attrs
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
+from broker.store.carry import SpoolCarry
 from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
 from broker.store.runs import (
     MAX_RUN,
@@ -64,6 +65,11 @@ MAX_PENDING_BYTES = 64 * 1024 * 1024
 # Seconds between two log lines about failed writes or overload: a full
 # disk must not flood the log.
 LOG_INTERVAL = 10.0
+# Types of one group a timeseries query names in its walk of the group index
+# (tested on the index: the other types' rows are never read); beyond it the
+# walk reads every row of the group and skips the other types in Python.
+# Bounds the SQL statement (one parameter per type).
+MAX_QUERY_TYPES = 64
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
 # Sessions reserved ahead of use.  The ceiling is committed before sessions
@@ -96,6 +102,12 @@ class StoreStats:
     overload: int = 0
     evicted: int = 0
     last_error: str = ""
+    # Bridge spool messages pushed out by [store] spool_max_bytes (oldest first).
+    spool_dropped: int = 0
+    # Spool/resume operations of failed commits committed by a later commit,
+    # and those the carry's bounds dropped (broker/store/carry.py).
+    spool_retried: int = 0
+    spool_lost: int = 0
 
 
 def default_dir(log_dir: str) -> str:
@@ -130,13 +142,16 @@ class Store:
     """Durable retained messages (a bounded ring by count, bytes and age) plus bridge spools."""
 
     def __init__(self, directory: str, *, size: int, max_bytes: int, max_age: float,
-                 flush_interval: float, clock: Callable[[], float] = time.time) -> None:
+                 flush_interval: float, spool_max_bytes: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.path = os.path.join(directory, DB_NAME)
         self.size = size
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.flush_interval = flush_interval
+        # Frame bytes each bridge's spool keeps (0: no bound; broker/store/spool.py).
+        self.spool_max_bytes = spool_max_bytes
         self.clock = clock
         self.stats = StoreStats()
         self._conn = open_store(directory)
@@ -161,6 +176,8 @@ class Store:
         self._latest_seq = self._conn.execute(
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
+        # Spool and resume operations of failed commits (broker/store/carry.py).
+        self._carry = SpoolCarry()
         self._added_bytes = 0  # written by the trio thread only
         self._taken_bytes = 0  # written by the writer thread only
         self._signalled = False
@@ -173,6 +190,7 @@ class Store:
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
         self._last_log = -LOG_INTERVAL
+        self._last_spool_log = -LOG_INTERVAL
         self._router: Router | None = None  # attach: flush() takes its open batch
 
     # ---- life cycle ----------------------------------------------------------------
@@ -211,6 +229,12 @@ class Store:
             self._thread.join()
             self._thread = None
         self.flush()
+        if self._carry:
+            with self._lock:  # a last try for spool operations of failed commits
+                self._commit_queued()
+            if self._carry:
+                log.error("store %s: %d bridge spool operations of failed commits are lost at "
+                          "close", self.path, len(self._carry))
         try:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
@@ -252,13 +276,24 @@ class Store:
         self._ops.append((RESUME, bridge, server, session, instance))
         self._signal()
 
+    def spool_overflow(self, bridge: str, n: int, bound: int) -> None:
+        """Count ``n`` messages pushed out of ``bridge``'s spool by the byte bound."""
+        self.stats.spool_dropped += n
+        now = time.monotonic()
+        if now - self._last_spool_log >= LOG_INTERVAL:
+            self._last_spool_log = now
+            log.warning("bridge %s: spool full (spool_max_bytes %d): dropped the %d oldest "
+                        "messages; %d dropped from spools so far", bridge, bound, n,
+                        self.stats.spool_dropped)
+
     def _signal(self) -> None:
         if not self._signalled:
             self._signalled = True
             self._wake.set()
 
     def pending(self) -> int:
-        return len(self._ops)
+        """Operations not yet committed: queued, and carried over from failed commits."""
+        return len(self._ops) + len(self._carry)
 
     # ---- the writer ----------------------------------------------------------------
 
@@ -298,7 +333,7 @@ class Store:
     def _commit_queued(self) -> None:
         ops = self._ops
         n = len(ops)
-        if n == 0:
+        if n == 0 and not self._carry:
             if self.max_age:
                 self._evict_only()
             return
@@ -401,6 +436,8 @@ class Store:
             ok_id = (run.session, run.last)
         if ok_id is not None and (not runs or runs[-1][0] < ok_id):
             runs.append((ok_id, True))
+        carried = len(self._carry)
+        spool_add, spool_del, resume = self._carry.take(spool_add, spool_del, resume)
         max_session = self._max_session
         if rows and rows[-1][0] > max_session:
             max_session = rows[-1][0]
@@ -442,6 +479,15 @@ class Store:
             self._failed(new_events, exc)
             if runs:
                 self._reports.append((runs[-1][0], False))
+            if spool_add or spool_del or resume:
+                lost = self._carry.keep(spool_add, spool_del, resume)
+                self.stats.spool_lost += lost
+                now = time.monotonic()
+                if lost and now - self._last_spool_log >= LOG_INTERVAL:
+                    self._last_spool_log = now
+                    log.error("store %s: failed commits kept more bridge spool operations than "
+                              "the carry's bound: %d dropped so far", self.path,
+                              self.stats.spool_lost)
             return
         self.count, self.bytes, self._ceiling = count, nbytes, ceiling
         self._latest_keys = latest_keys
@@ -451,6 +497,7 @@ class Store:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
         self.stats.commits += 1
+        self.stats.spool_retried += carried
         self.stats.events_written += new_events
         self.stats.bytes_written += taken
         self._reports.extend(runs)
@@ -667,6 +714,27 @@ class Store:
                 f"SELECT {self._ENTRY} FROM latest WHERE grp = ?", (g,)).fetchall()
         return found
 
+    def _wanted_types(self, group: bytes, accept_type: Callable[[bytes, bytes], bool]
+                   ) -> list[bytes] | None:
+        """The instances of ``group`` a query wants, when they are some of the group's
+        types but at most :data:`MAX_QUERY_TYPES` (else None: walk the whole group).
+
+        The latest table lists every type that has retained events: a type
+        leaves it only once ``size`` other types were updated after it, that
+        is after ``size`` newer messages, which the count bound has already
+        evicted its events for (in the same transaction).
+        """
+        accepted: list[bytes] = []
+        rejected = False
+        for (inst,) in self._read.execute("SELECT inst FROM latest WHERE grp = ?", (group,)):
+            if accept_type(group, inst):
+                accepted.append(inst)
+                if len(accepted) > MAX_QUERY_TYPES:
+                    return None
+            else:
+                rejected = True
+        return accepted if rejected or not accepted else None
+
     def ordered(self, *, by_source: bool, descending: bool, groups: list[bytes] | None,
                 t_from: int | None, t_to: int | None, s_from: int | None, s_to: int | None,
                 after: tuple | None,
@@ -748,30 +816,38 @@ class Store:
         order = ", ".join(f"{c.strip()} {direction}" for c in index_key.split(","))
         cols = f"{RUN_COLUMNS}, {key_col}, session, {'last' if descending else 'first'}"
 
-        def runs_of(group: bytes | None) -> Iterator[tuple]:
+        def runs_of(group: bytes | None, insts: list[bytes] | None = None) -> Iterator[tuple]:
             where = list(cond)
             gargs = list(args)
-            if group is not None:
+            if insts is not None:
+                where[:0] = ["grp = ?", f"inst IN ({', '.join('?' * len(insts))})"]
+                gargs[:0] = [group, *insts]
+            elif group is not None:
                 where.insert(0, "grp = ?")
                 gargs.insert(0, group)
             # The walk must follow the order's index (a page is the first rows
             # of it), not an index that filters better and then sorts them all.
+            end = "max" if descending else "min"
             index = "runs_src" if by_source else (
-                ("runs_grp_max" if descending else "runs_grp_min") if group is not None
-                else ("runs_max" if descending else "runs_min"))
+                f"runs_grp_{end}" if group is not None else f"runs_{end}")
             sql = f"SELECT {cols} FROM runs INDEXED BY {index}"
             if where:
                 sql += " WHERE " + " AND ".join(where)
             return self._runs(f"{sql} ORDER BY {order}", gargs)
 
         if groups is None or by_source:
-            runs: Iterator[tuple] = runs_of(None)
-        elif len(groups) == 1:
-            runs = runs_of(groups[0])
+            walks = [runs_of(None)]
         else:
-            # One index walk per group, merged in run order.
-            runs = heapq.merge(*(runs_of(g) for g in dict.fromkeys(groups)),
-                               key=lambda r: r[10:13], reverse=descending)
+            walks = []
+            for g in dict.fromkeys(groups):
+                types = None if accept_type is None else self._wanted_types(g, accept_type)
+                if types is None:
+                    walks.append(runs_of(g))
+                elif types:
+                    walks.append(runs_of(g, types))
+        # One index walk per group, merged in run order.
+        runs: Iterator[tuple] = walks[0] if len(walks) == 1 else heapq.merge(
+            *walks, key=lambda r: r[10:13], reverse=descending)  # also none: no such type
         if accept_type is not None:
             runs = (r for r in runs if accept_type(r[3], r[4]))
         floor = self.evicted_upto

@@ -165,7 +165,10 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
         # client following moreFollows with lastEventId does.
         for order in w.Order:
             for order_by in w.OrderBy:
-                for types in (None, (("a", "*"),)):
+                # Everything, a group, one type, and types of two groups (the
+                # store tests the instance on its group index: Store._wanted_types).
+                for types in (None, (("a", "*"),), (("b", "z"),),
+                              (("a", "?", "y"), ("c", "*"), ("b", "x"))):
                     last = None
                     for _ in range(100):
                         params = w.QueryTimeseriesParams(types, order=order, order_by=order_by,

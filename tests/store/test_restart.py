@@ -207,6 +207,39 @@ async def test_hsp_bridge_spool_is_delivered_after_a_restart(sig):
         stopped(proc, signal.SIGTERM)
 
 
+async def test_hsp_bridge_spool_keeps_the_newest_within_spool_max_bytes():
+    port = free_port()  # nobody listens here until after the restart
+    wd = workdir()
+    bound = 20_000
+    config = f"[store]\nspool_max_bytes = {bound}\n" + bridge_config(port, buffer=1000)
+    proc = BrokerProcess(config, workdir=wd).start()
+    try:
+        sent = [f"spooled{i}".encode() for i in range(500)]
+        async with SkanClient.connect(*proc.skan) as pub:
+            for payload in sent:
+                await pub.send("bridged", payload)
+            await pub.stats()
+        await trio.sleep(SETTLE)
+        stopped(proc, signal.SIGTERM)
+        assert any("spool full" in line for line in proc.stderr_lines)
+        [db] = wd.glob("**/store.sqlite3")
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            n, nbytes = conn.execute("SELECT count(*), sum(length(frame)) FROM spool").fetchone()
+        assert 0 < n < len(sent) and nbytes <= bound
+
+        server = PeerServer(port)
+        async with trio.open_nursery() as nursery:
+            await server.start(nursery)
+            proc = BrokerProcess(config, workdir=wd).start()
+            await until(lambda: len({p for _, p in server.received}) >= n, timeout=20)
+            await trio.sleep(SETTLE)  # nothing else comes
+            nursery.cancel_scope.cancel()
+        # The newest that fit, in routing order; the oldest were pushed out.
+        assert list(dict.fromkeys(p for _, p in server.received)) == sent[-n:]
+    finally:
+        stopped(proc, signal.SIGTERM)
+
+
 async def test_persisted_notifications_only_with_the_store():
     for enabled in (True, False):
         proc = BrokerProcess(f"[store]\nenabled = {str(enabled).lower()}\n").start()

@@ -229,3 +229,154 @@ def test_a_batch_of_one_type_is_one_row_built_in_c_level_calls(case):
         assert [row] == reference
     else:
         assert row is None and len(reference) == 2
+
+
+def test_the_bridge_spool_keeps_its_newest_messages_within_spool_max_bytes(tmp_path):
+    from broker.store.spool import BridgeSpool
+
+    store, router, sender = setup(tmp_path, spool_max_bytes=1000)
+    routed = route(router, sender, 30, size=100)
+
+    def newest_within(msgs: list, bound: int) -> list:
+        kept: list = []
+        for r in reversed(msgs):
+            if sum(len(k.frame) for k in kept) + len(r.frame) > bound:
+                break
+            kept.insert(0, r)
+        return kept
+
+    spool = BridgeSpool.of(store, "hsp-0-x:1")
+    assert spool.restore() == []
+    pushed = []
+    for r in routed[:20]:
+        pushed += spool.added(r)
+    kept = newest_within(routed[:20], 1000)
+    assert 1 < len(kept) < 20
+    # Oldest first, and each one only once.
+    assert pushed == [(r.session, r.instance) for r in routed[:20 - len(kept)]]
+    assert store.stats.spool_dropped == 20 - len(kept)
+    # An acknowledgement of a message already pushed out changes nothing.
+    spool.removed(routed[0])
+    spool.removed(routed[19])
+    kept.pop()
+    assert spool.nbytes == sum(len(r.frame) for r in kept)
+    store.close()
+
+    # Reopened with a lower bound: the oldest beyond it are dropped at restore.
+    bound = sum(len(r.frame) for r in kept[-2:])
+    store = open_store(tmp_path, spool_max_bytes=bound)
+    restored = BridgeSpool.of(store, "hsp-0-x:1").restore()
+    assert [r.frame for r in restored] == [r.frame for r in kept[-2:]]
+    assert store.stats.spool_dropped == len(kept) - 2
+    store.close()
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [r.frame for r in kept[-2:]]
+    store.close()
+
+
+def test_a_message_above_spool_max_bytes_alone_is_kept(tmp_path):
+    from broker.store.spool import BridgeSpool
+
+    store, router, sender = setup(tmp_path, spool_max_bytes=50)
+    small, big = route(router, sender, 1, size=1)[0], route(router, sender, 1, size=500)[0]
+    spool = BridgeSpool.of(store, "eventer-0-x:1")
+    assert spool.added(small) == []
+    assert spool.added(big) == [(small.session, small.instance)]
+    store.close()
+    store = open_store(tmp_path, spool_max_bytes=50)
+    assert [r.frame for r in BridgeSpool.of(store, "eventer-0-x:1").restore()] == [big.frame]
+    store.close()
+
+
+def _fill_disk(store: Store) -> None:
+    """SQLite's own limit on the database size: every further page allocation
+    fails with SQLITE_FULL ("database or disk is full"), as on a full disk."""
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _free_disk(store: Store) -> None:
+    store._conn.execute("PRAGMA max_page_count = 1073741823")
+
+
+async def test_spool_operations_of_a_failed_commit_are_retried_by_the_next(tmp_path):
+    store, router, sender = setup(tmp_path)
+    first = route(router, sender, 2)
+    for r in first:
+        store.spool_add("hsp-0-x:1", r)
+    store.flush()
+    _fill_disk(store)
+    big = route(router, sender, 3, size=20_000)  # retained events: not persisted
+    for r in big:
+        store.spool_add("hsp-0-x:1", r)
+    store.spool_remove("hsp-0-x:1", first[0].session, first[0].instance)
+    store.spool_remove("hsp-0-x:1", big[0].session, big[0].instance)  # never reached the disk
+    store.set_resume("mariner-1-y:2", 1, 2, 3)
+    store.flush()
+    assert store.stats.failed_commits == 1 and store.stats.failed_events == 3
+    # Kept: two inserts (the third cancelled by its delete), one delete, one resume point.
+    assert store.pending() == 4 and store.stats.spool_retried == 0
+    _free_disk(store)
+    # No new traffic: the writer's idle wake-up commits what was kept.
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    with trio.fail_after(5):
+        while store.stats.spool_retried < 4:
+            await trio.sleep(0.05)
+    assert store.pending() == 0 and store.stats.spool_lost == 0
+    store.close()
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [
+        r.frame for r in (first[1], big[1], big[2])]
+    assert store.resume_point("mariner-1-y:2") == (1, 2, 3)
+    # The retained events of the failed batch stay unpersisted.
+    assert [e[3] for e in store.entries_after(0, 0)] == [r.frame for r in first]
+    store.close()
+
+
+def test_spool_operations_kept_across_failed_commits_are_bounded_and_counted(tmp_path):
+    from broker.store.carry import SpoolCarry
+
+    store, router, sender = setup(tmp_path)
+    _fill_disk(store)
+    msgs = route(router, sender, 6, size=20_000)
+    store._carry = SpoolCarry(max_bytes=sum(len(r.frame) for r in msgs[3:]), max_deletes=2)
+    for r in msgs:
+        store.spool_add("hsp-0-x:1", r)
+    for i in range(5):
+        store.spool_remove("eventer-0-x:2", 10, i)  # rows that may be on disk
+    store.flush()
+    assert store.stats.spool_lost == 3 + 3
+    assert [a[4] for a in store._carry.adds] == [r.frame for r in msgs[3:]]
+    assert [d[2] for d in store._carry.deletes] == [3, 4]
+    _free_disk(store)
+    store.close()  # the last try at close commits what was kept
+    store = open_store(tmp_path)
+    assert [r.frame for r in store.spooled("hsp-0-x:1")] == [r.frame for r in msgs[3:]]
+    store.close()
+
+
+def test_group_indexes_written_without_the_instance_are_rebuilt_at_open(tmp_path):
+    import sqlite3
+
+    from broker.protocols.eventer.query import run_store_query
+    from wire import eventer as w
+
+    store, router, sender = setup(tmp_path)
+    routed = route(router, sender, 9)
+    store.close()
+    with sqlite3.connect(tmp_path / "store.sqlite3") as conn:  # as version 1 first shipped
+        conn.execute("DROP INDEX runs_grp_min")
+        conn.execute("DROP INDEX runs_grp_max")
+        conn.execute("CREATE INDEX runs_grp_min ON runs (grp, min_ts, session, first)")
+        conn.execute("CREATE INDEX runs_grp_max ON runs (grp, max_ts, session, last)")
+    conn.close()
+    store = open_store(tmp_path)
+    for name in ("runs_grp_min", "runs_grp_max"):
+        assert [r[2] for r in store._conn.execute(f"PRAGMA index_info({name})")][-1] == "inst"
+    # One type of the group's three: named in the walk of the group index.
+    assert store._wanted_types(b"g", lambda g, i: i == b"1") == [b"1"]
+    assert store._wanted_types(b"g", lambda g, i: True) is None
+    answer = run_store_query(w.QueryTimeseriesParams((("g", "1"),)), store, 1)
+    assert [e[:2] for e in answer.entries] == [
+        (r.session, r.instance) for r in reversed(routed[1::3])]
+    store.close()
