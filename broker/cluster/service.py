@@ -177,6 +177,9 @@ class ClusterLink:
     def stats(self) -> dict[str, Any]:
         """The ``cluster`` HASH of the Skan ``stats`` reply."""
         bp, status = self.backplane, self.status
+        # The backplane counts when the router hands a batch over: a stats
+        # request must count what its own batch routed before it.
+        bp.router.hand_over()
         brokers = self.brokers()
         return {
             "server_id": status.server_id,
@@ -289,6 +292,7 @@ async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
     while True:
         try:
             state.max_payload = int(link.info.get("max_payload", DEFAULT_MAX_PAYLOAD))
+            state.backplane.max_payload = state.max_payload
             await _run_link(ctx, link, state, cfg)
         except* LINK_ERRORS as group:
             log.warning("cluster: NATS connection to %s lost: %s", link.url, group.exceptions[0])
