@@ -39,7 +39,10 @@ default they collect in ``pending`` (the pure tests read them there).
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from broker.cluster import subjects
@@ -73,6 +76,12 @@ HEADER_ROOM = 128
 # the router's recipient cache): directed traffic to many lnames must not
 # grow it without bound.
 SUBJECT_CACHE_LIMIT = 65_536
+# Field getters, for the C-level pass over a batch (Backplane._one_subject).
+_SENDER = attrgetter("sender")
+_HEADER_OF = attrgetter("header")
+_FRAME = attrgetter("frame")
+_TIMESTAMP = attrgetter("timestamp")
+_KEY = itemgetter(b"group", b"instance", b"to")
 
 
 def parse_origin(headers: bytes) -> tuple[int, int, int, int]:
@@ -158,6 +167,7 @@ class Backplane(Endpoint):
         self.on_malformed: Callable[[str], None] | None = None
         self._remote = RemoteSender()
         self._subjects: dict[tuple[bytes, bytes, bytes], bytes] = {}
+        self._in_runs = 0  # messages the last observe() put in runs
         router.observers.append(self.observe)
         router.interest.append(self.interest_changed)
         self._add(subjects.own_interest(server_id))
@@ -168,32 +178,67 @@ class Backplane(Endpoint):
         """Router observer: publish, in runs and in one write, the batch's messages
         that did not come from NATS."""
         remote = self._remote
-        cache = self._subjects
-        largest = self.max_payload - HEADER_ROOM  # a run of one must fit
+        senders = list(map(_SENDER, batch))
+        if remote in senders:
+            if senders.count(remote) == len(senders):
+                return
+            batch = [r for r in batch if r.sender is not remote]
         parts: list[bytes] = []
+        if not self._one_subject(batch, parts):
+            self._runs(batch, parts)
+        if parts:
+            sent = self._in_runs
+            if self.send(b"".join(parts)):
+                self.sent += sent
+            else:
+                self.drops += sent
+
+    def _one_subject(self, batch: list[Routed], parts: list[bytes]) -> bool:
+        """The common batch, in C-level calls: one publisher's consecutive messages
+        on one (group, instance, to).  False (nothing done) for any other batch."""
+        keys = list(map(_KEY, map(_HEADER_OF, batch)))
+        head, last, n = batch[0], batch[-1], len(batch)
+        if (keys.count(keys[0]) != n or last.session != head.session
+                or last.instance - head.instance != n - 1):
+            return False
+        frames = list(map(_FRAME, batch))
+        lens = list(map(len, frames))
+        if max(lens) > self.max_payload - HEADER_ROOM - STAMP:
+            return False  # the general path drops it
+        stamps = list(map(_TIMESTAMP, batch))
+        subject = self._subject(keys[0])
+        ends = list(accumulate(map(STAMP.__add__, lens)))  # payload bytes up to each message
+        server, session, first = head.server, head.session, head.instance
+        i = done = 0
+        while i < n:
+            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)
+            parts += encode_run(subject, server, session, first + i, stamps[i:j], frames[i:j],
+                                ends[j - 1] - done)
+            done = ends[j - 1]
+            i = j
+        self._in_runs = n
+        return True
+
+    def _runs(self, batch: list[Routed], parts: list[bytes]) -> None:
+        """Any batch, message by message: a run ends where the subject, the
+        origin's session or the instance sequence changes, or at RUN_BYTES."""
+        largest = self.max_payload - HEADER_ROOM  # a run of one must fit
         frames: list[bytes] = []
         stamps: list[float] = []
         subject = b""
         server = session = first = nxt = size = 0
-        sent = dropped = 0
+        sent = 0
         for routed in batch:
-            if routed.sender is remote:
-                continue
             header = routed.header
-            key = (header[b"group"], header[b"instance"], header[b"to"])
-            subj = cache.get(key)
-            if subj is None:
-                if len(cache) >= SUBJECT_CACHE_LIMIT:
-                    cache.clear()
-                subj = cache[key] = subjects.message_subject(*key)
+            subj = self._subject((header[b"group"], header[b"instance"], header[b"to"]))
             frame = routed.frame
             n = len(frame) + STAMP
             if n > largest:
-                dropped += 1  # NATS would refuse it and close the connection
+                self.drops += 1  # NATS would refuse it and close the connection
                 self.oversized += 1
                 continue
             if (subj != subject or routed.instance != nxt or routed.session != session
-                    or size + n > RUN_BYTES):
+                    or routed.server != server or size + n > RUN_BYTES):
                 if frames:
                     parts += encode_run(subject, server, session, first, stamps, frames, size)
                     sent += len(frames)
@@ -211,12 +256,16 @@ class Backplane(Endpoint):
         if frames:
             parts += encode_run(subject, server, session, first, stamps, frames, size)
             sent += len(frames)
-        if sent:
-            if self.send(b"".join(parts)):
-                self.sent += sent
-            else:
-                dropped += sent
-        self.drops += dropped
+        self._in_runs = sent
+
+    def _subject(self, key: tuple[bytes, bytes, bytes]) -> bytes:
+        cache = self._subjects
+        subject = cache.get(key)
+        if subject is None:
+            if len(cache) >= SUBJECT_CACHE_LIMIT:
+                cache.clear()
+            subject = cache[key] = subjects.message_subject(*key)
+        return subject
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         """The backplane is never a local recipient (it holds no subscriptions)."""
