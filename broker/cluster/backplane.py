@@ -319,7 +319,7 @@ class Backplane(Endpoint):
         try:
             server, session, first, stamps, frames = unpack_run(msg)
         except (ValueError, ProtocolError) as exc:
-            self._malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+            self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
             return
         if server == self.server_id:
             return  # our own message (echo is off; a misconfigured peer id)
@@ -335,7 +335,7 @@ class Backplane(Endpoint):
             try:
                 header = decode_header(frame, 4)
             except ProtocolError as exc:
-                self._malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+                self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
                 continue
             group = header.get(b"group")
             instance = header.get(b"instance")
@@ -343,7 +343,7 @@ class Backplane(Endpoint):
             sender = header.get(b"from")
             if not (type(group) is bytes and type(instance) is bytes
                     and type(to) is bytes and type(sender) is bytes):
-                self._malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
+                self.count_malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
                                 "without DATA group, instance, to and from")
                 continue
             remote.lname = sender
@@ -352,7 +352,8 @@ class Backplane(Endpoint):
             routed += 1
         self.received += routed
 
-    def _malformed(self, reason: str) -> None:
+    def count_malformed(self, reason: str) -> None:
+        """Count a message from NATS that could not be used, and report it."""
         self.malformed += 1
         if self.on_malformed is not None:
             self.on_malformed(reason)

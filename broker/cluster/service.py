@@ -25,6 +25,7 @@ import trio
 
 from broker.cluster import query as cq
 from broker.cluster.backplane import Backplane
+from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
@@ -49,6 +50,10 @@ SID_QUERY, SID_ANSWERS = b"query", b"answers"
 # must not stall every query).  A NATS round trip on a LAN takes well
 # under a millisecond, a 10,000-event answer a few tens of milliseconds.
 QUERY_TIMEOUT = 2.0
+# Seconds between two log lines about malformed messages from NATS: anyone
+# who can publish on the cluster's subjects can send them at will, so the
+# log gets the first of each interval and the counter gets every one.
+MALFORMED_LOG_INTERVAL = 10.0
 # NATS servers default to this max_payload when INFO does not say.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
@@ -145,8 +150,8 @@ class ClusterLink:
         try:
             state[1].append(cq.decode_answer(msg.payload))
         except ValueError as exc:
-            self.backplane.malformed += 1
-            log.warning("cluster: bad query answer on %s: %s", msg.subject.decode(), exc)
+            self.backplane.count_malformed(
+                f"bad query answer on {msg.subject.decode(errors='replace')}: {exc}")
         state[0] -= 1
         if state[0] <= 0:
             state[2].set()
@@ -158,8 +163,7 @@ class ClusterLink:
         try:
             params = cq.decode_request(msg.payload)
         except ValueError as exc:
-            self.backplane.malformed += 1
-            log.warning("cluster: bad query request: %s", exc)
+            self.backplane.count_malformed(f"bad query request: {exc}")
             return
         if ctx.retention is None:
             found = cq.Gathered([], False)
@@ -262,6 +266,9 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     server_id = ctx.config.broker.server_id
     status = ClusterStatus(server_id)
     backplane = Backplane(ctx.router, server_id)
+    backplane.on_malformed = RateLimitedLog(
+        log, "cluster: malformed message from NATS (counted in stats cluster.malformed): %s",
+        MALFORMED_LOG_INTERVAL)
     queue = OutQueue(cfg.queue_limit)
     link_state = ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat, queue=queue)
     ctx.router.stats_sections["cluster"] = ctx.cluster.stats
