@@ -4,7 +4,8 @@ Start-up (before any listener accepts): connect to the first reachable URL
 of ``[cluster] url``, refuse to start when another broker answers for this
 broker's ``server_id``, then subscribe to the interest the backplane keeps.
 While running: a reader routes every message from NATS to local endpoints
-(one routing batch per received chunk); a writer sends what the backplane
+(one routing batch per received chunk; paused while local consumers are
+congested, as a publisher's connection is); a writer sends what the backplane
 queued (all of it in one write); a heartbeat announces this broker, so
 ``stats`` and ``/metrics`` can show the brokers seen.  When NATS goes away
 the broker keeps routing locally, counts what it cannot forward, and
@@ -29,7 +30,7 @@ from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import write_loop
+from broker.runtime.transport import relieve_congestion, write_loop
 from wire import nats
 from wire.errors import ProtocolError
 
@@ -324,6 +325,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
     backplane, status, queue = state.backplane, state.status, state.queue
     assert queue is not None
     server_id = status.server_id
+    grace = ctx.config.broker.slow_consumer_grace
     queue.take_all()  # what was queued for the previous connection is gone with it
     await link.stream.send_all(
         nats.sub(ID_SUBJECT % server_id, SID_ID)
@@ -366,6 +368,14 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                 elif isinstance(ev, nats.Err):
                     log.warning("cluster: NATS error: %s", ev.message)
             router.end_batch()
+            if router.congested:
+                # Back-pressure, as on a publisher's connection: stop reading
+                # NATS while local consumers catch up (at most the grace per
+                # consumer; then their slow-consumer policy applies).  NATS
+                # buffers meanwhile, and past its own limit (max_pending, 64
+                # MiB by default) drops this broker as a slow consumer: it
+                # reconnects, and what NATS dropped is lost (at-most-once).
+                await relieve_congestion(router, grace)
 
 
 def _never() -> bool:
