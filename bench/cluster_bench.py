@@ -7,7 +7,9 @@ Prints, for 100-byte messages:
   broker-local traffic: every message is also published to NATS);
 - cross: publishers on broker A, subscribers on broker B (through NATS).
 Ratios are against ``single`` in the same run (the machine's speed moves by
-2x between phases: only same-run ratios mean something).
+2x between phases: only same-run ratios mean something).  The last columns
+are CPU time per routed message (microseconds): of the brokers, and of the
+brokers plus nats-server; on a shared machine they move less than rates do.
 
     python -m bench.cluster_bench [--seconds 5]
 """
@@ -17,15 +19,34 @@ from __future__ import annotations
 import argparse
 import time
 
+import attrs
 import trio
 
+from bench.anchors import proc_cpu_seconds
 from bench.skan_load import BATCH, PAYLOAD, Broker, Result, raw_connect, send_frame, subscribe
-from tests.cluster.natsproc import NatsCluster
+from tests.cluster.natsproc import NatsCluster, NatsNode
+
+
+@attrs.define
+class Row:
+    mode: str
+    result: Result
+    # CPU seconds per routed message: the brokers, and the brokers plus NATS.
+    broker_cpu: float
+    total_cpu: float
+
+
+def cpu(pids: list[int]) -> float:
+    return sum(proc_cpu_seconds(pid) for pid in pids)
 
 
 async def flow(pub_addr: tuple[str, int], sub_addr: tuple[str, int], subscribers: int,
-               seconds: float, label: str, warmup: float = 1.5) -> Result:
-    """One publisher on ``pub_addr`` floods a group; subscribers on ``sub_addr`` count bytes."""
+               seconds: float, label: str, warmup: float = 1.5,
+               pids: tuple[list[int], list[int]] = ([], [])) -> tuple[Result, float, float]:
+    """One publisher on ``pub_addr`` floods a group; subscribers on ``sub_addr`` count bytes.
+
+    Returns the result and the CPU seconds per routed message of the
+    processes ``pids`` names (brokers, then the others: nats-server)."""
     group = f"cb-{subscribers}-{time.monotonic_ns()}"
     subs = [await subscribe(sub_addr, group) for _ in range(subscribers)]
     stream, lname = await raw_connect(pub_addr)
@@ -52,13 +73,17 @@ async def flow(pub_addr: tuple[str, int], sub_addr: tuple[str, int], subscribers
         nursery.start_soon(publish)
         await trio.sleep(warmup)
         b0, t0 = sum(received), time.perf_counter()
+        c0 = (cpu(pids[0]), cpu(pids[1]))
         await trio.sleep(seconds)
         out["bytes"], out["dt"] = sum(received) - b0, time.perf_counter() - t0
+        out["brokers"], out["others"] = cpu(pids[0]) - c0[0], cpu(pids[1]) - c0[1]
         nursery.cancel_scope.cancel()
     for s in [*subs, stream]:
         await s.aclose()
     deliveries = out["bytes"] / len(frame) / out["dt"]
-    return Result(label, deliveries / subscribers, deliveries, out["dt"])
+    messages = max(out["bytes"] / len(frame) / subscribers, 1.0)
+    return (Result(label, deliveries / subscribers, deliveries, out["dt"]),
+            out["brokers"] / messages, (out["brokers"] + out["others"]) / messages)
 
 
 QUIET = "[log]\nenabled = false\n"
@@ -69,25 +94,40 @@ def cluster_config(server_id: int, url: str) -> str:
             "id_probe_timeout = 0.3\n" + QUIET)
 
 
+def pid(process: Broker | NatsNode) -> int:
+    assert process.proc is not None
+    return process.proc.pid
+
+
 async def main(seconds: float) -> None:
-    rows: list[tuple[str, Result]] = []
+    rows: list[Row] = []
+
+    async def row(mode: str, pub: tuple[str, int], sub: tuple[str, int], subscribers: int,
+                  label: str, pids: tuple[list[int], list[int]]) -> None:
+        rows.append(Row(mode, *await flow(pub, sub, subscribers, seconds, label, pids=pids)))
+
     with Broker(QUIET) as single:
         addr = single.addr["skan"]
-        rows.append(("single", await flow(addr, addr, 1, seconds, "1->1")))
-        rows.append(("single", await flow(addr, addr, 10, seconds, "1->10")))
+        for n in (1, 10):
+            await row("single", addr, addr, n, f"1->{n}", ([pid(single)], []))
     with NatsCluster(1) as nats:
         url = nats.nodes[0].url
         with Broker(cluster_config(1, url)) as a, Broker(cluster_config(2, url)) as b:
             aa, ba = a.addr["skan"], b.addr["skan"]
-            rows.append(("local", await flow(aa, aa, 1, seconds, "1->1")))
-            rows.append(("local", await flow(aa, aa, 10, seconds, "1->10")))
-            rows.append(("cross", await flow(aa, ba, 1, seconds, "1->1")))
-            rows.append(("cross", await flow(aa, ba, 10, seconds, "1->10")))
-    ref = {r.scenario: r.deliveries_per_s for kind, r in rows if kind == "single"}
-    print(f"{'mode':<8}{'scenario':<8}{'deliveries/s':>16}{'vs single':>12}")
-    for kind, r in rows:
-        print(f"{kind:<8}{r.scenario:<8}{r.deliveries_per_s:>16,.0f}"
-              f"{r.deliveries_per_s / ref[r.scenario]:>11.2f}x")
+            pids = ([pid(a), pid(b)], [pid(nats.nodes[0])])
+            for n in (1, 10):
+                await row("local", aa, aa, n, f"1->{n}", pids)
+            for n in (1, 10):
+                await row("cross", aa, ba, n, f"1->{n}", pids)
+    ref = {r.result.scenario: r.result.deliveries_per_s for r in rows if r.mode == "single"}
+    print(f"{'mode':<8}{'scenario':<8}{'deliveries/s':>16}{'vs single':>12}"
+          f"{'brokers us/msg':>16}{'+nats us/msg':>14}")
+    for r in rows:
+        rate, scenario = r.result.deliveries_per_s, r.result.scenario
+        print(f"{r.mode:<8}{scenario:<8}{rate:>16,.0f}{rate / ref[scenario]:>11.2f}x"
+              f"{r.broker_cpu * 1e6:>16.2f}{r.total_cpu * 1e6:>14.2f}")
+    with open("/proc/loadavg") as f:
+        print("load average at the end:", f.read().strip())
 
 
 if __name__ == "__main__":

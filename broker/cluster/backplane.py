@@ -1,37 +1,48 @@
 """The NATS backplane as one more routing endpoint (pure: no trio, no sockets).
 
-Out: the backplane observes every routed message.  A message that entered
-this broker (its sender is not the backplane) is published once on its
-subject (:mod:`broker.cluster.subjects`), byte-identical, with the EventId
-and timestamp this broker assigned in a NATS header.  Even a message
+Out: the backplane observes every routing batch.  The messages that entered
+this broker (their sender is not the backplane) are published on their
+subjects (:mod:`broker.cluster.subjects`), byte-identical, in *runs*: the
+consecutive messages of a batch that share a subject travel as one NATS
+message (HPUB), at most :data:`RUN_BYTES` of them.  A run's header names
+its origin (server id, session, first instance, count); its payload is
+the count's timestamps (IEEE 754 doubles, little-endian) followed by the
+Skan frames unchanged.  So NATS, and the parsing on both brokers, pay their
+per-message cost once per run, not once per Skan message; a lone message is
+a run of one.  The whole batch goes to NATS in one write.  Even a message
 directed to one of this broker's own clients goes out: a promisc or
 pattern subscriber on another broker may take it, and only NATS knows
 where interest is.  NATS forwards a message only to servers with a
 matching subscription, so a message nobody else wants costs this broker
-one write of its bytes and nothing more (docs/cluster.md has the figures).
+its share of one write and nothing more (docs/cluster.md has the figures).
 
-In: a message from NATS is routed to this broker's own endpoints only, with
-the backplane as sender (so it never goes back out: "never to the sender"
-is the loop guard), its origin's EventId and timestamp, and the rules of
-section 1 applied again to the decoded header: the subject was only a
-pre-filter.  Overlapping NATS subscriptions (a group's and our own
-directed-traffic subject) deliver one message twice; a per-origin
-high-water mark of (session, instance) drops the second copy.  It also
-drops copies a NATS reconnect may repeat.
+In: each frame of a run from NATS is routed to this broker's own endpoints
+only, with the backplane as sender (so it never goes back out: "never to the
+sender" is the loop guard), its origin's EventId and timestamp, and the
+rules of section 1 applied again to the decoded header: the subject was
+only a pre-filter.  Overlapping NATS subscriptions (a group's and our own
+directed-traffic subject) deliver one run twice; a per-origin high-water
+mark of (session, instance) drops the second copy.  It also drops copies a
+NATS reconnect may repeat.  What cannot be decoded is counted in
+``malformed`` and reported to ``on_malformed`` (the service logs it, rate
+limited).
 
 Interest: the backplane keeps one NATS subscription per group with local
 subscribers (aggregated, not per instance), one for every group when a Hat
 pattern's first segment is a wildcard, and one for traffic directed to its
 own clients.  Protocol bytes go to ``send`` (the trio driver's queue
 towards NATS, which returns False when it cannot take them: NATS is down
-or slower than this broker, and the message is counted in ``drops``); by
+or slower than this broker, and the messages are counted in ``drops``); by
 default they collect in ``pending`` (the pure tests read them there).
 """
 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from broker.cluster import subjects
@@ -39,39 +50,83 @@ from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
 from wire.errors import ProtocolError
 from wire.skan import decode_header
+from wire.skan.framing import _split as split_frames  # the compiled splitter when built
 
-ORIGIN_HEADER = b"Skan-Origin"
-# The whole HPUB of one routed message in one formatting step (the per-message
-# path): subject, header length, total length, then a header block holding
-# the origin "server session instance timestamp-bits": the timestamp as the
-# hex of its IEEE 754 bits, exact both ways and ~3x cheaper than repr().
-_HEADER = b"NATS/1.0\r\nSkan-Origin: %d %d %d %x\r\n\r\n"
-_DOUBLE = struct.Struct("<d")
-_HPUB = b"HPUB %s %d %d\r\n%s%s\r\n"
-_ORIGIN_AT = len(b"NATS/1.0\r\nSkan-Origin: ")
+# A run's origin: "server session first-instance count".  (The name changed
+# with the run format: a broker of an older release counts these messages as
+# malformed instead of misreading them; every broker of a cluster must run
+# the same release.)
+ORIGIN_HEADER = b"Skan-Run"
+_HEADER = b"NATS/1.0\r\nSkan-Run: %d %d %d %d\r\n\r\n"
+_ORIGIN_AT = len(b"NATS/1.0\r\nSkan-Run: ")
+_HPUB = b"HPUB %s %d %d\r\n"
+_CRLF = b"\r\n"
+STAMP = 8  # bytes of one timestamp in a run's payload
+# Payload bytes (frames plus timestamps) of one run at most.  Large enough
+# that 100-byte messages travel about 400 to a NATS message (NATS's and the
+# parsers' per-message costs then vanish per Skan message), small enough to
+# stay far below NATS's max_payload (1 MiB by default) and to keep routing
+# one run on the receiving broker well under a millisecond.  A larger frame
+# travels as a run of one.
+RUN_BYTES = 64 * 1024
+# Room for a run's HPUB header block ("Skan-Run" and four numbers of at
+# most 20 digits): a frame that does not fit max_payload with it is dropped.
+HEADER_ROOM = 128
 # Distinct (group, instance, to) subjects remembered; cleared when full (as
 # the router's recipient cache): directed traffic to many lnames must not
 # grow it without bound.
 SUBJECT_CACHE_LIMIT = 65_536
+# Field getters, for the C-level pass over a batch (Backplane._one_subject).
+_SENDER = attrgetter("sender")
+_HEADER_OF = attrgetter("header")
+_FRAME = attrgetter("frame")
+_TIMESTAMP = attrgetter("timestamp")
+_KEY = itemgetter(b"group", b"instance", b"to")
 
 
-def parse_origin(headers: bytes) -> tuple[int, int, int, float]:
-    """(server, session, instance, timestamp) from a header block this module wrote."""
+def parse_origin(headers: bytes) -> tuple[int, int, int, int]:
+    """(server, session, first instance, count) from a run's header block."""
     if headers.startswith(_HEADER[:_ORIGIN_AT]):
         value = headers[_ORIGIN_AT:headers.find(b"\r", _ORIGIN_AT)]
     else:
         found = nats.parse_headers(headers).get(ORIGIN_HEADER)
         if found is None:
-            raise ValueError("message without origin header")
+            raise ValueError("message without Skan-Run header")
         value = found
     parts = value.split()
-    if len(parts) != 4:
-        raise ValueError("bad origin header")
-    bits = int(parts[3], 16)
-    if not 0 <= bits < 1 << 64:
-        raise ValueError("bad origin timestamp")
-    timestamp = _DOUBLE.unpack(bits.to_bytes(8, "little"))[0]
-    return int(parts[0]), int(parts[1]), int(parts[2]), timestamp
+    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 20 for p in parts):
+        raise ValueError("bad Skan-Run header")
+    server, session, first, count = map(int, parts)
+    if count < 1:
+        raise ValueError("bad Skan-Run header")
+    return server, session, first, count
+
+
+def unpack_run(msg: nats.Msg) -> tuple[int, int, int, tuple[float, ...], list[bytes]]:
+    """(server, session, first instance, timestamps, frames) of one run from NATS;
+    ValueError (or a ProtocolError) when it is not a well-formed run."""
+    if msg.headers is None:
+        raise ValueError("message without Skan-Run header")
+    server, session, first, count = parse_origin(msg.headers)
+    payload = msg.payload
+    at = STAMP * count
+    if len(payload) < at:
+        raise ValueError("run shorter than its timestamps")
+    stamps = struct.unpack_from(f"<{count}d", payload)
+    frames, stop, bad, _need = split_frames(payload, at, len(payload))
+    if bad >= 0 or stop != len(payload) or len(frames) != count:
+        raise ValueError(f"run of {count} messages does not hold {count} Skan frames")
+    return server, session, first, stamps, frames
+
+
+def encode_run(subject: bytes, server: int, session: int, first: int,
+               stamps: list[float], frames: list[bytes], size: int) -> list[bytes]:
+    """The parts of one run's HPUB (``size``: its frames' bytes plus timestamps)."""
+    n = len(frames)
+    block = _HEADER % (server, session, first, n)
+    hlen = len(block)
+    return [_HPUB % (subject, hlen, hlen + size), block,
+            struct.pack(f"<{n}d", *stamps), *frames, _CRLF]
 
 
 class RemoteSender(Endpoint):
@@ -105,9 +160,14 @@ class Backplane(Endpoint):
         self.received = 0
         self.duplicates = 0
         self.malformed = 0
+        # Messages too large for NATS's max_payload (counted in drops too).
+        self.oversized = 0
+        # NATS's max_payload (its INFO; the service sets it per connection).
+        self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
         self._remote = RemoteSender()
         self._subjects: dict[tuple[bytes, bytes, bytes], bytes] = {}
+        self._in_runs = 0  # messages the last observe() put in runs
         router.observers.append(self.observe)
         router.interest.append(self.interest_changed)
         self._add(subjects.own_interest(server_id))
@@ -115,28 +175,97 @@ class Backplane(Endpoint):
     # ---- out -------------------------------------------------------------
 
     def observe(self, batch: list[Routed]) -> None:
-        """Router observer: publish the batch's messages that did not come from NATS."""
+        """Router observer: publish, in runs and in one write, the batch's messages
+        that did not come from NATS."""
         remote = self._remote
-        cache = self._subjects
-        send = self.send
-        for routed in batch:
-            if routed.sender is remote:
-                continue
-            header = routed.header
-            key = (header[b"group"], header[b"instance"], header[b"to"])
-            subject = cache.get(key)
-            if subject is None:
-                if len(cache) >= SUBJECT_CACHE_LIMIT:
-                    cache.clear()
-                subject = cache[key] = subjects.message_subject(*key)
-            block = _HEADER % (routed.server, routed.session, routed.instance,
-                               int.from_bytes(_DOUBLE.pack(routed.timestamp), "little"))
-            frame = routed.frame
-            hlen = len(block)
-            if send(_HPUB % (subject, hlen, hlen + len(frame), block, frame)):
-                self.sent += 1
+        senders = list(map(_SENDER, batch))
+        if remote in senders:
+            if senders.count(remote) == len(senders):
+                return
+            batch = [r for r in batch if r.sender is not remote]
+        parts: list[bytes] = []
+        if not self._one_subject(batch, parts):
+            self._runs(batch, parts)
+        if parts:
+            sent = self._in_runs
+            if self.send(b"".join(parts)):
+                self.sent += sent
             else:
-                self.drops += 1
+                self.drops += sent
+
+    def _one_subject(self, batch: list[Routed], parts: list[bytes]) -> bool:
+        """The common batch, in C-level calls: one publisher's consecutive messages
+        on one (group, instance, to).  False (nothing done) for any other batch."""
+        keys = list(map(_KEY, map(_HEADER_OF, batch)))
+        head, last, n = batch[0], batch[-1], len(batch)
+        if (keys.count(keys[0]) != n or last.session != head.session
+                or last.instance - head.instance != n - 1):
+            return False
+        frames = list(map(_FRAME, batch))
+        lens = list(map(len, frames))
+        if max(lens) > self.max_payload - HEADER_ROOM - STAMP:
+            return False  # the general path drops it
+        stamps = list(map(_TIMESTAMP, batch))
+        subject = self._subject(keys[0])
+        ends = list(accumulate(map(STAMP.__add__, lens)))  # payload bytes up to each message
+        server, session, first = head.server, head.session, head.instance
+        i = done = 0
+        while i < n:
+            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)
+            parts += encode_run(subject, server, session, first + i, stamps[i:j], frames[i:j],
+                                ends[j - 1] - done)
+            done = ends[j - 1]
+            i = j
+        self._in_runs = n
+        return True
+
+    def _runs(self, batch: list[Routed], parts: list[bytes]) -> None:
+        """Any batch, message by message: a run ends where the subject, the
+        origin's session or the instance sequence changes, or at RUN_BYTES."""
+        largest = self.max_payload - HEADER_ROOM  # a run of one must fit
+        frames: list[bytes] = []
+        stamps: list[float] = []
+        subject = b""
+        server = session = first = nxt = size = 0
+        sent = 0
+        for routed in batch:
+            header = routed.header
+            subj = self._subject((header[b"group"], header[b"instance"], header[b"to"]))
+            frame = routed.frame
+            n = len(frame) + STAMP
+            if n > largest:
+                self.drops += 1  # NATS would refuse it and close the connection
+                self.oversized += 1
+                continue
+            if (subj != subject or routed.instance != nxt or routed.session != session
+                    or routed.server != server or size + n > RUN_BYTES):
+                if frames:
+                    parts += encode_run(subject, server, session, first, stamps, frames, size)
+                    sent += len(frames)
+                    frames = []
+                    stamps = []
+                subject = subj
+                server = routed.server
+                session = routed.session
+                first = nxt = routed.instance
+                size = 0
+            frames.append(frame)
+            stamps.append(routed.timestamp)
+            nxt += 1
+            size += n
+        if frames:
+            parts += encode_run(subject, server, session, first, stamps, frames, size)
+            sent += len(frames)
+        self._in_runs = sent
+
+    def _subject(self, key: tuple[bytes, bytes, bytes]) -> bytes:
+        cache = self._subjects
+        subject = cache.get(key)
+        if subject is None:
+            if len(cache) >= SUBJECT_CACHE_LIMIT:
+                cache.clear()
+            subject = cache[key] = subjects.message_subject(*key)
+        return subject
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         """The backplane is never a local recipient (it holds no subscriptions)."""
@@ -186,34 +315,48 @@ class Backplane(Endpoint):
     # ---- in --------------------------------------------------------------
 
     def receive(self, msg: nats.Msg) -> None:
-        """Route one message from NATS to this broker's own endpoints."""
+        """Route one run from NATS to this broker's own endpoints."""
         try:
-            if msg.headers is None:
-                raise ValueError("message without origin header")
-            server, session, instance, timestamp = parse_origin(msg.headers)
-            header = decode_header(msg.payload, 4)
-            for tag in (b"group", b"instance", b"to", b"from"):
-                if not isinstance(header.get(tag), bytes):
-                    raise ValueError(f"routed frame without {tag.decode()}")
+            server, session, first, stamps, frames = unpack_run(msg)
         except (ValueError, ProtocolError) as exc:
-            self.malformed += 1
-            if self.on_malformed is not None:
-                self.on_malformed(str(exc))
+            self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
             return
         if server == self.server_id:
             return  # our own message (echo is off; a misconfigured peer id)
-        mark = (session, instance)
         last = self._hwm.get(server)
-        if last is not None and mark <= last:
-            self.duplicates += 1
+        if last is not None and (session, first) <= last:
+            self.duplicates += len(frames)
             return
-        self._hwm[server] = mark
-        self.received += 1
-        self._remote.lname = header[b"from"]
-        self.router.route(
-            self._remote, msg.payload, header,
-            origin=(server, session, instance, timestamp),
-        )
+        self._hwm[server] = (session, first + len(frames) - 1)
+        remote = self._remote
+        route = self.router.route
+        routed = 0
+        for i, frame in enumerate(frames):
+            try:
+                header = decode_header(frame, 4)
+            except ProtocolError as exc:
+                self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+                continue
+            group = header.get(b"group")
+            instance = header.get(b"instance")
+            to = header.get(b"to")
+            sender = header.get(b"from")
+            if not (type(group) is bytes and type(instance) is bytes
+                    and type(to) is bytes and type(sender) is bytes):
+                self.count_malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
+                                "without DATA group, instance, to and from")
+                continue
+            remote.lname = sender
+            route(remote, frame, header, origin=(server, session, first + i, stamps[i]),
+                  key=(group, instance, to, b"repl" in header or b"reply" in header))
+            routed += 1
+        self.received += routed
+
+    def count_malformed(self, reason: str) -> None:
+        """Count a message from NATS that could not be used, and report it."""
+        self.malformed += 1
+        if self.on_malformed is not None:
+            self.on_malformed(reason)
 
     def _keep(self, data: bytes) -> bool:
         self.pending.append(data)

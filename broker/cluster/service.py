@@ -4,7 +4,8 @@ Start-up (before any listener accepts): connect to the first reachable URL
 of ``[cluster] url``, refuse to start when another broker answers for this
 broker's ``server_id``, then subscribe to the interest the backplane keeps.
 While running: a reader routes every message from NATS to local endpoints
-(one routing batch per received chunk); a writer sends what the backplane
+(one routing batch per received chunk; paused while local consumers are
+congested, as a publisher's connection is); a writer sends what the backplane
 queued (all of it in one write); a heartbeat announces this broker, so
 ``stats`` and ``/metrics`` can show the brokers seen.  When NATS goes away
 the broker keeps routing locally, counts what it cannot forward, and
@@ -25,10 +26,11 @@ import trio
 
 from broker.cluster import query as cq
 from broker.cluster.backplane import Backplane
+from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import write_loop
+from broker.runtime.transport import relieve_congestion, write_loop
 from wire import nats
 from wire.errors import ProtocolError
 
@@ -49,6 +51,10 @@ SID_QUERY, SID_ANSWERS = b"query", b"answers"
 # must not stall every query).  A NATS round trip on a LAN takes well
 # under a millisecond, a 10,000-event answer a few tens of milliseconds.
 QUERY_TIMEOUT = 2.0
+# Seconds between two log lines about malformed messages from NATS: anyone
+# who can publish on the cluster's subjects can send them at will, so the
+# log gets the first of each interval and the counter gets every one.
+MALFORMED_LOG_INTERVAL = 10.0
 # NATS servers default to this max_payload when INFO does not say.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
@@ -145,8 +151,8 @@ class ClusterLink:
         try:
             state[1].append(cq.decode_answer(msg.payload))
         except ValueError as exc:
-            self.backplane.malformed += 1
-            log.warning("cluster: bad query answer on %s: %s", msg.subject.decode(), exc)
+            self.backplane.count_malformed(
+                f"bad query answer on {msg.subject.decode(errors='replace')}: {exc}")
         state[0] -= 1
         if state[0] <= 0:
             state[2].set()
@@ -158,8 +164,7 @@ class ClusterLink:
         try:
             params = cq.decode_request(msg.payload)
         except ValueError as exc:
-            self.backplane.malformed += 1
-            log.warning("cluster: bad query request: %s", exc)
+            self.backplane.count_malformed(f"bad query request: {exc}")
             return
         if ctx.retention is None:
             found = cq.Gathered([], False)
@@ -177,6 +182,9 @@ class ClusterLink:
     def stats(self) -> dict[str, Any]:
         """The ``cluster`` HASH of the Skan ``stats`` reply."""
         bp, status = self.backplane, self.status
+        # The backplane counts when the router hands a batch over: a stats
+        # request must count what its own batch routed before it.
+        bp.router.hand_over()
         brokers = self.brokers()
         return {
             "server_id": status.server_id,
@@ -259,6 +267,9 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     server_id = ctx.config.broker.server_id
     status = ClusterStatus(server_id)
     backplane = Backplane(ctx.router, server_id)
+    backplane.on_malformed = RateLimitedLog(
+        log, "cluster: malformed message from NATS (counted in stats cluster.malformed): %s",
+        MALFORMED_LOG_INTERVAL)
     queue = OutQueue(cfg.queue_limit)
     link_state = ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat, queue=queue)
     ctx.router.stats_sections["cluster"] = ctx.cluster.stats
@@ -289,6 +300,7 @@ async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
     while True:
         try:
             state.max_payload = int(link.info.get("max_payload", DEFAULT_MAX_PAYLOAD))
+            state.backplane.max_payload = state.max_payload
             await _run_link(ctx, link, state, cfg)
         except* LINK_ERRORS as group:
             log.warning("cluster: NATS connection to %s lost: %s", link.url, group.exceptions[0])
@@ -313,6 +325,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
     backplane, status, queue = state.backplane, state.status, state.queue
     assert queue is not None
     server_id = status.server_id
+    grace = ctx.config.broker.slow_consumer_grace
     queue.take_all()  # what was queued for the previous connection is gone with it
     await link.stream.send_all(
         nats.sub(ID_SUBJECT % server_id, SID_ID)
@@ -355,6 +368,14 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                 elif isinstance(ev, nats.Err):
                     log.warning("cluster: NATS error: %s", ev.message)
             router.end_batch()
+            if router.congested:
+                # Back-pressure, as on a publisher's connection: stop reading
+                # NATS while local consumers catch up (at most the grace per
+                # consumer; then their slow-consumer policy applies).  NATS
+                # buffers meanwhile, and past its own limit (max_pending, 64
+                # MiB by default) drops this broker as a slow consumer: it
+                # reconnects, and what NATS dropped is lost (at-most-once).
+                await relieve_congestion(router, grace)
 
 
 def _never() -> bool:

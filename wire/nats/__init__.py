@@ -1,6 +1,7 @@
 """The NATS client protocol (sans-IO), for the cluster backplane."""
 
 from wire.nats.protocol import (
+    DEFAULT_MAX_PAYLOAD,
     PING,
     PONG,
     Err,
@@ -21,6 +22,7 @@ from wire.nats.protocol import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD",
     "PING",
     "PONG",
     "Err",

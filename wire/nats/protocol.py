@@ -18,6 +18,7 @@ connection is then unusable, as in every sans-IO machine here).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import attrs
@@ -97,16 +98,87 @@ class NatsConnection:
         if self._dead is not None:
             raise self._dead
         events: list[Event] = []
+        rx = self._buffer
+        pos = 0
+        base = rx.offset  # stream offset of data[0], for error hints
         try:
-            for buf, start, stop in self._buffer.messages(data, self._measure):
-                event = self._event(buf, start, stop)
-                if event is not None:
-                    events.append(event)
+            if len(rx):
+                first, data, pos = rx.resume(data)
+                if first is not None:
+                    self._args = None  # measured on an earlier buffer
+                    try:
+                        event = self._event(first, 0, len(first))
+                    except NatsError as exc:
+                        exc.offset = base
+                        raise
+                    if event is not None:
+                        events.append(event)
+                    base += len(first) - pos
+            pos = self._scan(data, pos, events)
         except NatsError as exc:
             exc.events = events
+            if exc.offset is None:
+                exc.offset = base + pos
+            rx.clear()
             self._dead = exc
             raise
+        rx.offset = base + pos
         return events
+
+    def _scan(self, data: bytes, pos: int, events: list[Event]) -> int:
+        """Append the events complete in ``data[pos:]``; keep the unfinished tail.
+
+        The fast path is a message line exactly as nats-server writes it (one
+        regular-expression match, sizes in bounds); anything else, including
+        every refusal, goes through :meth:`_measure` and :meth:`_event`.
+        Returns where scanning stopped: the end of ``data``, or the start of
+        the tail it keeps.
+        """
+        size = len(data)
+        max_payload = self.max_payload
+        append = events.append
+        while pos < size:
+            initial = data[pos]
+            m = None
+            if initial == 72:  # "H"
+                m = _HMSG_LINE.match(data, pos)
+                if m is not None:
+                    subject, sid, reply, hlen_s, total_s = m.groups()
+                    hlen = int(hlen_s)
+            elif initial == 77:  # "M"
+                m = _MSG_LINE.match(data, pos)
+                if m is not None:
+                    subject, sid, reply, total_s = m.groups()
+                    hlen = -1
+            if m is not None and m.end() - pos <= MAX_CONTROL_LINE + 2:
+                total = int(total_s)
+                body = m.end()
+                stop = body + total
+                if total <= max_payload and hlen <= total and (
+                    hlen < 0 or data.startswith(HEADER_VERSION, body)
+                ):
+                    if stop + 2 > size:
+                        self._buffer.keep(data, pos, stop + 2 - pos)
+                        return pos
+                    if data[stop:stop + 2] != CRLF:
+                        raise NatsError("message payload not followed by CRLF")
+                    if hlen < 0:
+                        append(Msg(subject, sid, reply, data[body:stop]))
+                    else:
+                        split = body + hlen
+                        append(Msg(subject, sid, reply, data[split:stop], data[body:split]))
+                    pos = stop + 2
+                    continue
+            n = self._measure(data, pos, size)
+            if n < 0 or pos + n > size:
+                self._buffer.keep(data, pos, n)
+                return pos
+            event = self._event(data, pos, pos + n)
+            if event is not None:
+                append(event)
+            pos += n
+            max_payload = self.max_payload  # INFO may have changed it
+        return pos
 
     def _measure(self, buf: bytes, pos: int, size: int) -> int:
         """Length of the command at ``pos``: its line, plus a MSG's payload and CRLF."""
@@ -147,12 +219,13 @@ class NatsConnection:
     def _event(self, buf: bytes, start: int, stop: int) -> Event | None:
         end = buf.find(CRLF, start, stop)
         line = buf[start:end]
-        cached = self._args
-        if cached is not None and buf[start] in _MSG_INITIALS:
+        if buf[start] in _MSG_INITIALS:
             # _measure parsed this line (the span starts where it measured;
-            # a span re-based to 0 by the buffer's join is parsed again).
+            # a message completed by the receive buffer is parsed again).
+            cached = self._args
             subject, sid, reply, hlen, total = (
-                cached[1] if cached[0] == start else self._msg_args(line)
+                cached[1] if cached is not None and cached[0] == start
+                else self._msg_args(line)
             )
             self._args = None
             body = buf[end + 2:stop]
@@ -192,6 +265,11 @@ class NatsConnection:
 
 
 _MSG_INITIALS = frozenset(b"MmHh")
+# The message lines nats-server writes (upper case, single spaces, at most
+# 10-digit sizes as _msg_args requires): the fast path of _scan.  Tokens are
+# runs of non-white-space bytes, as bytes.split() in _msg_args sees them.
+_MSG_LINE = re.compile(rb"MSG (\S+) (\S+) (?:(\S+) )?(\d{1,10})\r\n")
+_HMSG_LINE = re.compile(rb"HMSG (\S+) (\S+) (?:(\S+) )?(\d{1,10}) (\d{1,10})\r\n")
 
 
 def connect(options: dict[str, Any]) -> bytes:
