@@ -21,6 +21,7 @@ refused with :class:`StoreError` naming the path and the reason.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -186,13 +187,22 @@ def _upgrade_indexes(conn: sqlite3.Connection, path: str) -> None:
     if "inst" in columns:
         return
     started = time.monotonic()
-    conn.execute("BEGIN IMMEDIATE")
-    conn.execute("DROP INDEX IF EXISTS runs_grp_min")
-    conn.execute("DROP INDEX IF EXISTS runs_grp_max")
-    for statement in GRP_INDEXES.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-    conn.execute("COMMIT")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DROP INDEX IF EXISTS runs_grp_min")
+        conn.execute("DROP INDEX IF EXISTS runs_grp_max")
+        for statement in GRP_INDEXES.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        # E.g. no disk space for the new indexes: the old ones stay (rolled
+        # back) and answer every query, only slower; tried again next start.
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        log.warning("store %s: group indexes not rebuilt (%s); queries for some types of a "
+                    "group stay slower", path, exc)
+        return
     log.info("store %s: group indexes rebuilt with the instance in %.1fs", path,
              time.monotonic() - started)
 

@@ -177,11 +177,3 @@ def decode(row: tuple, after: tuple[int, int] | None = None, reverse: bool = Fal
     for i in indexes:
         yield (session, first + i, ts[i], frames[offsets[i]:offsets[i + 1]], delivered[i], grp,
                inst), src
-
-
-def sizes_and_times(row: tuple) -> tuple[int, int, int, array, array]:
-    """(session, first, last, frame sizes, timestamps) of a run, for eviction."""
-    session, first, last, ts_b, offsets_b = row
-    offsets = unpack("q", offsets_b)
-    sizes = array("q", (offsets[i + 1] - offsets[i] for i in range(len(offsets) - 1)))
-    return session, first, last, sizes, unpack("d", ts_b)

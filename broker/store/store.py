@@ -28,6 +28,8 @@ import os
 import sqlite3
 import threading
 import time
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from operator import attrgetter
@@ -48,7 +50,7 @@ from broker.store.runs import (
     RunBuilder,
     batch_row,
     decode,
-    sizes_and_times,
+    unpack,
 )
 from wire.hattime import split_timestamp
 from wire.skan import decode_header
@@ -176,6 +178,8 @@ class Store:
         self._latest_seq = self._conn.execute(
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
+        # The run being evicted in parts: its key and arrays (_run_arrays).
+        self._evicting: tuple[tuple[int, int, int], array, array] | None = None
         # Spool and resume operations of failed commits (broker/store/carry.py).
         self._carry = SpoolCarry()
         self._added_bytes = 0  # written by the trio thread only
@@ -568,29 +572,47 @@ class Store:
             if not (count > size or (max_bytes and nbytes > max_bytes)
                     or (cutoff is not None and min_ts < cutoff)):
                 break  # not even its first message goes
-            row = self._conn.execute("SELECT session, first, last, ts, offsets FROM runs "
-                                     "WHERE run = ?", (run,)).fetchone()
-            _, _, _, sizes, times = sizes_and_times(row)
-            stop = False
-            for i in range(n):
-                eid = (session, first + i)
-                if upto is not None and eid <= upto:
-                    continue
-                if not (count > size or (max_bytes and nbytes > max_bytes)
-                        or (cutoff is not None and times[i] < cutoff)):
-                    stop = True
-                    break
-                count -= 1
-                nbytes -= sizes[i]
-                evicted += 1
-                upto = eid
-            if stop:
+            # Part of the run goes: its first `start` messages went before.
+            # Each bound is monotone along the run, so the number to evict
+            # is the largest of the three bounds' own (no loop per message).
+            offsets, times = self._run_arrays(run, session, first)
+            start = 0 if upto is None or upto < (session, first) else upto[1] - first + 1
+            k = count - size
+            if max_bytes and nbytes > max_bytes:
+                # offsets are cumulative: the fewest messages whose bytes
+                # bring nbytes down to max_bytes.
+                k = max(k, bisect_left(offsets, nbytes - max_bytes + offsets[start], start) - start)
+            if cutoff is not None:
+                k = max(k, bisect_left(times, cutoff, start) - start)
+            k = min(k, n - start)
+            if k > 0:
+                count -= k
+                nbytes -= offsets[start + k] - offsets[start]
+                evicted += k
+                upto = (session, first + start + k - 1)
+            if start + k < n:
                 break
             done_run = run
         cur.close()
         if done_run is not None:
             self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
         return count, nbytes, evicted, upto
+
+    def _run_arrays(self, run: int, session: int, first: int) -> tuple[array, array]:
+        """Cumulative frame offsets and timestamps of a run being evicted in parts.
+
+        Kept for the next commit (which usually evicts more of the same run)
+        instead of reading and unpacking its arrays again; keyed by EventId,
+        which is never reused (a row id may be, once the newest row is gone).
+        """
+        cached = self._evicting
+        if cached is not None and cached[0] == (run, session, first):
+            return cached[1], cached[2]
+        ts_b, offsets_b = self._conn.execute("SELECT ts, offsets FROM runs WHERE run = ?",
+                                             (run,)).fetchone()
+        offsets, times = unpack("q", offsets_b), unpack("d", ts_b)
+        self._evicting = ((run, session, first), offsets, times)
+        return offsets, times
 
     def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
         """Keep at most ``size`` types, least recently updated out first (in the transaction).

@@ -380,3 +380,49 @@ def test_group_indexes_written_without_the_instance_are_rebuilt_at_open(tmp_path
     assert [e[:2] for e in answer.entries] == [
         (r.session, r.instance) for r in reversed(routed[1::3])]
     store.close()
+
+
+def test_max_age_evicts_part_of_a_run_then_the_rest(tmp_path):
+    clock = Clock()
+    store, router, sender = setup(tmp_path, clock, max_age=60.0)
+    routed = []
+    for i in range(10):  # one routing batch, one type: one run of ten
+        clock.now += 0.05
+        sent = events.send_for_event(("g", "1"), events.JsonPayload("x"), sender=sender.lname,
+                                     seq=i)
+        routed.append(router.route(sender, sent.frame, sent.header))
+    router.end_batch()
+    store.flush()
+    assert store._conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    clock.now = routed[4].timestamp + 60.01  # the first five are older than 60 s
+    store._evict_only()
+    assert store.evicted == 5 and store.evicted_upto == (routed[4].session, routed[4].instance)
+    assert [e[1] for e in store.entries_after(0, 0)] == [r.instance for r in routed[5:]]
+    assert store.bytes == sum(len(r.frame) for r in routed[5:])
+    clock.now = routed[8].timestamp + 60.01
+    store._evict_only()
+    assert store.evicted == 9 and store.count == 1
+    clock.now += 1
+    store._evict_only()
+    assert store.count == 0 and store.bytes == 0
+    assert store._conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    store.close()
+
+
+def test_bytes_bound_evicts_part_of_a_run_at_each_commit(tmp_path):
+    store, router, sender = setup(tmp_path, size=1000, max_bytes=2000)
+    routed = []
+    for _ in range(6):  # runs of 7 messages; the bound cuts inside them
+        for i in range(7):
+            sent = events.send_for_event(("g", "1"), events.JsonPayload("x" * 90),
+                                         sender=sender.lname, seq=i)
+            routed.append(router.route(sender, sent.frame, sent.header))
+        router.end_batch()
+        store.flush()
+        kept = store.entries_after(0, 0)
+        sizes = [len(r.frame) for r in routed]
+        n = len(kept)
+        assert sum(sizes[-n:]) <= 2000 < sum(sizes[-n - 1:]) or n == len(routed)
+        assert [e[3] for e in kept] == [r.frame for r in routed[-n:]]
+        assert store.bytes == sum(sizes[-n:]) and store.evicted == len(routed) - n
+    store.close()
