@@ -321,6 +321,26 @@ def build() -> db.Dashboard:
               width=6,
               description="Drops: messages not published while NATS was down or its queue "
                           "full. Duplicates: second copies from overlapping subscriptions."),
+
+        row(51, "Durable store"),
+        graph(52, "Store writes / s",
+              [(f"sum({rate('skan_store_written_messages_total')})", "messages committed"),
+               (f"sum({rate('skan_store_commits_total')})", "commits")], width=8,
+              description="Retained messages committed to the store (one transaction per "
+                          "flush_interval at most)."),
+        graph(53, "Store size and queue",
+              [(f"sum({sel('skan_store_bytes')})", "retained frame bytes"),
+               (f"sum({sel('skan_store_pending')})", "queued operations")], width=8),
+        graph(54, "Store failures / s",
+              [(f"sum({rate('skan_store_failed_commits_total')})", "failed commits"),
+               (f"sum({rate('skan_store_unpersisted_messages_total')})", "not persisted"),
+               (f"sum({rate('skan_store_spool_dropped_messages_total')})",
+                "spool pushed out"),
+               (f"sum({rate('skan_store_spool_lost_operations_total')})", "spool ops lost")],
+              width=8,
+              description="Should stay at 0: commits that failed (disk full, I/O error), "
+                          "messages routed but never persisted, bridge spool messages pushed "
+                          "out by spool_max_bytes, spool operations given up after failures."),
     ]
     for panel in panels:
         dash = dash.with_row(panel) if isinstance(panel, db.Row) else dash.with_panel(panel)

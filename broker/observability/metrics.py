@@ -443,3 +443,12 @@ def _store(retention: object) -> Iterator[Metric]:
     yield _counter("skan_store_unpersisted_messages",
                    "Routed messages never persisted: their commit failed or the writer was "
                    "too far behind.", stats.failed_events + stats.overload)
+    yield _counter("skan_store_spool_dropped_messages",
+                   "Bridge messages pushed out of a spool by [store] spool_max_bytes "
+                   "(oldest first).", stats.spool_dropped)
+    yield _counter("skan_store_spool_retried_operations",
+                   "Bridge spool operations of a failed commit committed by a later one.",
+                   stats.spool_retried)
+    yield _counter("skan_store_spool_lost_operations",
+                   "Bridge spool operations of failed commits dropped by the retry bound.",
+                   stats.spool_lost)

@@ -101,7 +101,9 @@ class BufferedBridgeEndpoint(Endpoint):
                      status.name, len(self.pending))
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
-        self.spool.added(routed)
+        gone = self.spool.added(routed)
+        if gone:
+            self._push_out(gone)
         if len(self.pending) >= self.limit:
             dropped = self.pending.popleft()
             self.spool.removed(dropped)
@@ -115,6 +117,25 @@ class BufferedBridgeEndpoint(Endpoint):
         self.msgs_out += 1
         self.bytes_out += len(frame)
         self._ready.set()
+
+    def _push_out(self, gone: list[tuple[int, int]]) -> None:
+        """Drop from the buffer what the spool's byte bound pushed out (``[store]
+        spool_max_bytes``): the oldest, so normally at its left.  Messages
+        already handed to the peer (HSP in flight) are not here: their
+        acknowledgement simply finds nothing left to unspool."""
+        ids = set(gone)
+        pending = self.pending
+        dropped = 0
+        while pending and (pending[0].session, pending[0].instance) in ids:
+            ids.discard((pending[0].session, pending[0].instance))
+            pending.popleft()
+            dropped += 1
+        if ids:  # not at the left (restored out of order): remove in place
+            for r in [r for r in pending if (r.session, r.instance) in ids]:
+                pending.remove(r)
+                dropped += 1
+        self.status.overflow += dropped
+        self.dropped += dropped
 
     async def wait_pending(self) -> None:
         while not self.pending:

@@ -286,3 +286,27 @@ async def test_a_foreign_or_damaged_directory_is_refused():
         assert proc.proc is not None and proc.proc.wait(5) == 1
         # Never emptied, never written to.
         assert {p.name: p.read_bytes() for p in directory.iterdir()} == contents, name
+
+
+async def test_hsp_bridge_buffer_in_memory_also_keeps_only_the_newest_within_the_bound():
+    """Without a restart: what the spool's byte bound pushed out is not sent either."""
+    port = free_port()  # nobody listens here until the messages are routed
+    bound = 20_000
+    config = f"[store]\nspool_max_bytes = {bound}\n" + bridge_config(port, buffer=1000)
+    proc = BrokerProcess(config, workdir=workdir()).start()
+    try:
+        sent = [f"kept{i}".encode() for i in range(500)]
+        async with SkanClient.connect(*proc.skan) as pub:
+            for payload in sent:
+                await pub.send("bridged", payload)
+            await pub.stats()
+        server = PeerServer(port)
+        async with trio.open_nursery() as nursery:
+            await server.start(nursery)
+            await until(lambda: sent[-1] in {p for _, p in server.received}, timeout=30)
+            await trio.sleep(SETTLE)  # nothing else comes
+            nursery.cancel_scope.cancel()
+        got = list(dict.fromkeys(p for _, p in server.received))
+        assert 0 < len(got) < len(sent) and got == sent[-len(got):]
+    finally:
+        stopped(proc, signal.SIGTERM)

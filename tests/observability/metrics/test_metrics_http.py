@@ -345,3 +345,25 @@ async def test_per_message_bookkeeping_follows_enabled(enabled):
         else:
             assert router.latency is None and router.group_stats is None
         stop.set()
+
+
+async def test_store_series_follow_the_writer(broker):
+    """The durable store (on by default) is visible: commits, messages written, spool counters."""
+    before = await scrape(broker.addr["metrics"])
+    async with SkanClient.connect(*broker.skan) as pub:
+        for i in range(20):
+            await pub.send("stored", str(i))
+        await pub.stats()
+    with trio.fail_after(10):
+        while True:
+            after = await scrape(broker.addr["metrics"])
+            if (value(after, "skan_store_written_messages_total")
+                    >= value(before, "skan_store_written_messages_total") + 20):
+                break
+            await trio.sleep(0.05)
+    assert value(after, "skan_store_commits_total") > value(before, "skan_store_commits_total")
+    assert value(after, "skan_store_failed_commits_total") == 0
+    for name in ("skan_store_spool_dropped_messages_total",
+                 "skan_store_spool_retried_operations_total",
+                 "skan_store_spool_lost_operations_total"):
+        assert value(after, name) == 0, name
