@@ -2,12 +2,9 @@
 
 Out: the backplane observes every routing batch.  The messages that entered
 this broker (their sender is not the backplane) are published on their
-subjects (:mod:`broker.cluster.subjects`), byte-identical, in *runs*: the
-consecutive messages of a batch that share a subject travel as one NATS
-message (HPUB), at most :data:`RUN_BYTES` of them.  A run's header names
-its origin (server id, session, first instance, count); its payload is
-the count's timestamps (IEEE 754 doubles, little-endian) followed by the
-Skan frames unchanged.  So NATS, and the parsing on both brokers, pay their
+subjects (:mod:`broker.cluster.subjects`), byte-identical, in *runs*
+(:mod:`broker.cluster.runs`): the consecutive messages of a batch that
+share a subject travel as one NATS message.  So NATS, and the parsing on both brokers, pay their
 per-message cost once per run, not once per Skan message; a lone message is
 a run of one.  The whole batch goes to NATS in one write.  Even a message
 directed to one of this broker's own clients goes out: a promisc or
@@ -38,7 +35,6 @@ default they collect in ``pending`` (the pure tests read them there).
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_right
 from collections.abc import Callable
 from itertools import accumulate
@@ -46,32 +42,12 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from broker.cluster import subjects
+from broker.cluster.runs import HEADER_ROOM, RUN_BYTES, STAMP, encode_run, unpack_run
 from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
 from wire.errors import ProtocolError
 from wire.skan import decode_header
-from wire.skan.framing import _split as split_frames  # the compiled splitter when built
 
-# A run's origin: "server session first-instance count".  (The name changed
-# with the run format: a broker of an older release counts these messages as
-# malformed instead of misreading them; every broker of a cluster must run
-# the same release.)
-ORIGIN_HEADER = b"Skan-Run"
-_HEADER = b"NATS/1.0\r\nSkan-Run: %d %d %d %d\r\n\r\n"
-_ORIGIN_AT = len(b"NATS/1.0\r\nSkan-Run: ")
-_HPUB = b"HPUB %s %d %d\r\n"
-_CRLF = b"\r\n"
-STAMP = 8  # bytes of one timestamp in a run's payload
-# Payload bytes (frames plus timestamps) of one run at most.  Large enough
-# that 100-byte messages travel about 400 to a NATS message (NATS's and the
-# parsers' per-message costs then vanish per Skan message), small enough to
-# stay far below NATS's max_payload (1 MiB by default) and to keep routing
-# one run on the receiving broker well under a millisecond.  A larger frame
-# travels as a run of one.
-RUN_BYTES = 64 * 1024
-# Room for a run's HPUB header block ("Skan-Run" and four numbers of at
-# most 20 digits): a frame that does not fit max_payload with it is dropped.
-HEADER_ROOM = 128
 # Distinct (group, instance, to) subjects remembered; cleared when full (as
 # the router's recipient cache): directed traffic to many lnames must not
 # grow it without bound.
@@ -82,51 +58,6 @@ _HEADER_OF = attrgetter("header")
 _FRAME = attrgetter("frame")
 _TIMESTAMP = attrgetter("timestamp")
 _KEY = itemgetter(b"group", b"instance", b"to")
-
-
-def parse_origin(headers: bytes) -> tuple[int, int, int, int]:
-    """(server, session, first instance, count) from a run's header block."""
-    if headers.startswith(_HEADER[:_ORIGIN_AT]):
-        value = headers[_ORIGIN_AT:headers.find(b"\r", _ORIGIN_AT)]
-    else:
-        found = nats.parse_headers(headers).get(ORIGIN_HEADER)
-        if found is None:
-            raise ValueError("message without Skan-Run header")
-        value = found
-    parts = value.split()
-    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 20 for p in parts):
-        raise ValueError("bad Skan-Run header")
-    server, session, first, count = map(int, parts)
-    if count < 1:
-        raise ValueError("bad Skan-Run header")
-    return server, session, first, count
-
-
-def unpack_run(msg: nats.Msg) -> tuple[int, int, int, tuple[float, ...], list[bytes]]:
-    """(server, session, first instance, timestamps, frames) of one run from NATS;
-    ValueError (or a ProtocolError) when it is not a well-formed run."""
-    if msg.headers is None:
-        raise ValueError("message without Skan-Run header")
-    server, session, first, count = parse_origin(msg.headers)
-    payload = msg.payload
-    at = STAMP * count
-    if len(payload) < at:
-        raise ValueError("run shorter than its timestamps")
-    stamps = struct.unpack_from(f"<{count}d", payload)
-    frames, stop, bad, _need = split_frames(payload, at, len(payload))
-    if bad >= 0 or stop != len(payload) or len(frames) != count:
-        raise ValueError(f"run of {count} messages does not hold {count} Skan frames")
-    return server, session, first, stamps, frames
-
-
-def encode_run(subject: bytes, server: int, session: int, first: int,
-               stamps: list[float], frames: list[bytes], size: int) -> list[bytes]:
-    """The parts of one run's HPUB (``size``: its frames' bytes plus timestamps)."""
-    n = len(frames)
-    block = _HEADER % (server, session, first, n)
-    hlen = len(block)
-    return [_HPUB % (subject, hlen, hlen + size), block,
-            struct.pack(f"<{n}d", *stamps), *frames, _CRLF]
 
 
 class RemoteSender(Endpoint):

@@ -226,6 +226,64 @@ def replay_queries(last: w.EventId, patterns: tuple[tuple[str, ...], ...]
     return first, after
 
 
+def _order_key(e: Sequence[Any]) -> tuple[float, int, int, int]:
+    return (e[TIMESTAMP], e[SERVER], e[SESSION], e[INSTANCE])
+
+
+@attrs.define
+class ReplayPager:
+    """The pages of a cluster-wide Mariner replay, however many events the
+    brokers keep: each page is complete and in (timestamp, EventId) order.
+
+    Every broker answers at most QUERY_LIMIT events (fewer when NATS's
+    max_payload cuts its answer), the first ones in that order from the
+    page's ``t_from``.  A page therefore holds the merged events up to the
+    *horizon*: the smallest last event of the answers that had more to give
+    (every broker has sent all its events up to there).  The next page
+    starts at the horizon's timestamp and skips what was already given.
+
+    ``cursor`` starts at the replay's ``last_event_id`` (timestamp, server,
+    session, instance).  ``done`` once no broker had more; ``gap`` when the
+    paging could not move on (one broker keeps more than QUERY_LIMIT events
+    with one timestamp, or one event larger than NATS's max_payload): the
+    replay then ends there, as a local replay ends at an eviction gap.
+    """
+
+    patterns: tuple[tuple[str, ...], ...]
+    cursor: tuple[float, int, int, int]
+    done: bool = False
+    gap: bool = False
+
+    def params(self) -> w.QueryTimeseriesParams:
+        return w.QueryTimeseriesParams(event_types=self.patterns,
+                                       t_from=w.Timestamp.from_float(self.cursor[0]),
+                                       order=w.Order.ASCENDING)
+
+    def take(self, answers: Iterable[Gathered]) -> list[tuple]:
+        """The next page from every broker's answer to :meth:`params`."""
+        horizon = None
+        seen: dict[tuple[int, int, int], tuple] = {}
+        for answer in answers:
+            if answer.more_follows:
+                if not answer.entries:
+                    horizon = self.cursor  # no way on: see ``gap``
+                else:
+                    last = _order_key(answer.entries[-1])
+                    horizon = last if horizon is None else min(horizon, last)
+            for e in answer.entries:
+                seen.setdefault(_event_id(e), e)
+        cursor = self.cursor
+        page = sorted((e for e in seen.values() if _order_key(e) > cursor
+                       and (horizon is None or _order_key(e) <= horizon)), key=_order_key)
+        if horizon is None:
+            self.done = True
+        elif not page:
+            self.done = self.gap = True
+        if page:
+            self.cursor = _order_key(page[-1])
+        return page
+
+
 def as_entry(e: tuple) -> Entry:
     """The retention store's 7-tuple of a gathered entry."""
     return e[:SERVER]  # type: ignore[return-value]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -123,7 +123,29 @@ class ClusterLink:
         return await self._gather(params, cq.local_answer(params, local,
                                                           self.status.server_id))
 
+    async def replay(self, last: Any, timestamp: float,
+                     patterns: tuple[tuple[str, ...], ...],
+                     local: cq.LocalQuery) -> AsyncIterator[list[tuple]]:
+        """The events of a cluster-wide Mariner replay after ``last`` (whose
+        timestamp is ``timestamp``), page by page from every broker, each page
+        in (timestamp, EventId) order, with no cap (broker.cluster.query.ReplayPager).
+        Ends early, logged, when the paging cannot move on."""
+        pager = cq.ReplayPager(patterns, (timestamp, last.server, last.session, last.instance))
+        while not pager.done:
+            params = pager.params()
+            answers = await self._answers(params, cq.local_answer(
+                params, local, self.status.server_id))
+            yield pager.take(answers)
+        if pager.gap:
+            log.warning("cluster: replay after %r stopped at %r: a broker keeps more than "
+                        "%d events with one timestamp, or one too large for NATS",
+                        last, pager.cursor, cq.QUERY_LIMIT)
+
     async def _gather(self, params: Any, own: cq.Gathered) -> cq.Gathered:
+        return cq.merge(params, await self._answers(params, own))
+
+    async def _answers(self, params: Any, own: cq.Gathered) -> list[cq.Gathered]:
+        """Every broker's answer to ``params``: ours, then those that came in time."""
         answers = [own]
         expected = len(self.brokers()) - 1
         if expected > 0 and self.status.up and self.queue is not None:
@@ -141,7 +163,7 @@ class ClusterLink:
                                 len(answers) - 1, expected, QUERY_TIMEOUT)
             finally:
                 del self.pending[reply]
-        return cq.merge(params, answers)
+        return answers
 
     def answered(self, msg: nats.Msg) -> None:
         """An answer to one of our queries arrived (reader task)."""

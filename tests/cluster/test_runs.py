@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import struct
 
-from broker.cluster import backplane as bpm
-from broker.cluster.backplane import RUN_BYTES, Backplane, encode_run, unpack_run
+from broker.cluster.backplane import Backplane
 from broker.cluster.ratelog import RateLimitedLog
+from broker.cluster.runs import RUN_BYTES, encode_run, parse_origin, unpack_run
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats, parse_commands
 from wire import nats
@@ -48,7 +48,7 @@ def send(router: Router, pub: Endpoint, seq: int, group: str = "g", instance: st
 
 def hpubs(data: bytes) -> list[tuple[bytes, int]]:
     """(subject, messages in the run) of each HPUB."""
-    return [(args[0], bpm.parse_origin(body[:int(args[-2])])[3])
+    return [(args[0], parse_origin(body[:int(args[-2])])[3])
             for op, args, body in parse_commands(data) if op == b"HPUB"]
 
 
