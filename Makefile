@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench lint venv clean fuzz
 
-$(STAMP): pyproject.toml setup.py wire/skan/_speedups.c
+$(STAMP): pyproject.toml setup.py wire/skan/_speedups.c broker/_speedups.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[analytics,test]'

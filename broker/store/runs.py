@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from broker.core.events import SOURCE_TIMESTAMP_TAG
 from broker.core.retention import Entry
+from wire.skan.codec import PURE_PYTHON
 
 if TYPE_CHECKING:
     from broker.core.router import Routed
@@ -118,7 +119,7 @@ _group = itemgetter(b"group")
 _instance = itemgetter(b"instance")
 
 
-def batch_row(batch: list[Routed]) -> tuple | None:
+def batch_row_py(batch: list[Routed]) -> tuple | None:
     """The row of a routing batch that is one run, or None when it is not.
 
     A publisher's received chunk is one batch: one session, consecutive
@@ -154,6 +155,30 @@ def batch_row(batch: list[Routed]) -> tuple | None:
     return (session, first.instance, last.instance, grp, inst, ts[0], ts[-1], None, nbytes,
             pack("d", ts), pack("q", list(map(_delivered, batch))), pack("q", offsets),
             b"".join(frames))
+
+
+# broker/_speedups.c computes the same row in one C loop (no Python code and
+# no temporary lists per message); batch_row_py above is the reference and
+# the fallback (SKAN_PURE_PYTHON=1, no compiler, or an argument the C code
+# leaves to it by returning NotImplemented).
+BATCH_ROW_IMPLEMENTATION = "python"
+_batch_row_c = None
+if not PURE_PYTHON:
+    try:
+        from broker._speedups import batch_row as _batch_row_c
+    except ImportError:  # pragma: no cover - built without a compiler
+        _batch_row_c = None
+    else:
+        BATCH_ROW_IMPLEMENTATION = "c"
+
+
+def batch_row(batch: list[Routed]) -> tuple | None:
+    """The row of a routing batch that is one run, or None (see :func:`batch_row_py`)."""
+    if _batch_row_c is not None:
+        row = _batch_row_c(batch, SOURCE_TIMESTAMP_TAG, MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN)
+        if row is not NotImplemented:
+            return row
+    return batch_row_py(batch)
 
 
 # Columns a reader selects to decode a run (see decode()).

@@ -347,13 +347,15 @@ def test_splitter_errors_and_reassembly():
 
 @pytest.mark.skipif(PURE, reason="already running in pure-Python mode")
 def test_codec_tests_pass_in_pure_python_mode():
-    """The reference stays tested: the codec tests again with SKAN_PURE_PYTHON=1."""
+    """The references stay tested: the codec, router and store tests again with
+    SKAN_PURE_PYTHON=1 (the store's batch rows then come from runs.batch_row_py)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "SKAN_PURE_PYTHON": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          "tests/wire/test_skan_codec.py", "tests/wire/test_skan_speedups.py",
-         "tests/core/test_router.py"],
+         "tests/core/test_router.py", "tests/store/test_store.py",
+         "tests/store/test_differential.py"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -1,0 +1,265 @@
+/*
+ * Compiled per-message work of the router's observers.
+ *
+ * batch_row: the durable store's row of a routing batch that is one run
+ * (broker/store/runs.py).  The pure-Python batch_row there is the
+ * reference: this function returns an equal tuple, or None exactly when
+ * the reference does; tests/store/test_speedups.py holds it to that on
+ * random batches.  Anything it does not expect (a type other than the
+ * router's, a header that is not a dict, a non-float timestamp) makes it
+ * return NotImplemented, and the caller runs the reference instead.
+ *
+ * Memory safety: only objects of the batch are read, through the C API
+ * (no raw offsets into Python objects); every buffer is sized before it is
+ * written; sizes are Py_ssize_t sums checked against MAX_RUN_BYTES
+ * (far below PY_SSIZE_T_MAX) before anything is allocated.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Interned attribute names and header tags (module init). */
+static PyObject *s_header, *s_frame, *s_timestamp, *s_delivered, *s_session, *s_instance;
+static PyObject *t_group, *t_instance;
+
+/* A borrowed-free getter: new reference or NULL (error set). */
+static PyObject *
+attr(PyObject *obj, PyObject *name)
+{
+    return PyObject_GetAttr(obj, name);
+}
+
+static int
+long_of(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = attr(obj, name);
+    if (v == NULL)
+        return -1;
+    if (!PyLong_CheckExact(v)) {
+        Py_DECREF(v);
+        return 1; /* not handled here */
+    }
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+/* 1 when equal, 0 when not, -1 on error. */
+static int
+same_bytes(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (!PyBytes_CheckExact(a) || !PyBytes_CheckExact(b))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_ssize_t n = PyBytes_GET_SIZE(a);
+    return n == PyBytes_GET_SIZE(b) && memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), n) == 0;
+}
+
+static PyObject *
+not_here(void)
+{
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+/* batch_row(batch, source_tag, max_run, max_run_bytes, max_span) */
+static PyObject *
+batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* the arrays are stored little-endian: the reference swaps */
+#else
+    PyObject *batch = args[0], *src_tag = args[1];
+    Py_ssize_t max_run = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
+    double max_span = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (n == 0)
+        return not_here();
+    if (n > max_run)
+        Py_RETURN_NONE;
+
+    PyObject *result = NULL, *grp = NULL, *inst = NULL;
+    PyObject *frames_b = NULL, *ts_b = NULL, *dl_b = NULL, *off_b = NULL;
+    PyObject **frames = NULL;
+    double *ts = NULL;
+    long long *dl = NULL, *off = NULL;
+    long long session, first, last_session, last;
+    int rc;
+
+    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
+    if ((rc = long_of(head, s_session, &session)) || (rc = long_of(head, s_instance, &first))
+        || (rc = long_of(tail, s_session, &last_session)) || (rc = long_of(tail, s_instance, &last)))
+        return rc < 0 ? NULL : not_here();
+    /* Instances only grow within a session: consecutive iff the span is n - 1. */
+    if (last_session != session || last - first != (long long)(n - 1))
+        Py_RETURN_NONE;
+
+    frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    ts = PyMem_Malloc((size_t)n * sizeof(double));
+    dl = PyMem_Malloc((size_t)n * sizeof(long long));
+    off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
+    if (frames == NULL || ts == NULL || dl == NULL || off == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    off[0] = 0;
+    int declined = 0;  /* 1: None (not one run); 2: NotImplemented */
+    for (Py_ssize_t i = 0; i < n && !declined; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto done;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            declined = 2;
+            break;
+        }
+        rc = PyDict_Contains(h, src_tag);
+        if (rc != 0) {
+            Py_DECREF(h);
+            if (rc < 0)
+                goto done;
+            declined = 1;
+            break;
+        }
+        PyObject *g = PyDict_GetItemWithError(h, t_group);   /* borrowed */
+        PyObject *in = g ? PyDict_GetItemWithError(h, t_instance) : NULL;
+        if (g == NULL || in == NULL) {
+            Py_DECREF(h);
+            if (PyErr_Occurred())
+                goto done;
+            declined = 2; /* the reference would raise: let it */
+            break;
+        }
+        if (i == 0) {
+            grp = Py_NewRef(g);
+            inst = Py_NewRef(in);
+        } else {
+            int eq = same_bytes(g, grp);
+            if (eq == 1)
+                eq = same_bytes(in, inst);
+            if (eq != 1) {
+                Py_DECREF(h);
+                if (eq < 0)
+                    goto done;
+                declined = 1;
+                break;
+            }
+        }
+        Py_DECREF(h);
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto done;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            declined = 2;
+            break;
+        }
+        ts[i] = PyFloat_AS_DOUBLE(t);
+        Py_DECREF(t);
+        if (i > 0 && !(ts[i - 1] <= ts[i])) {
+            declined = 1;
+            break;
+        }
+        if ((rc = long_of(r, s_delivered, &dl[i])) != 0) {
+            if (rc < 0)
+                goto done;
+            declined = 2;
+            break;
+        }
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto done;
+        if (!PyBytes_CheckExact(f)) {
+            Py_DECREF(f);
+            declined = 2;
+            break;
+        }
+        frames[i] = f; /* owned */
+        total += PyBytes_GET_SIZE(f);
+        off[i + 1] = (long long)total;
+        if (total > max_bytes && n > 1) {
+            declined = 1; /* the reference checks the sum at the end: same answer */
+            break;
+        }
+    }
+    if (declined == 2) {
+        result = not_here();
+        goto done;
+    }
+    if (declined == 1 || ts[n - 1] - ts[0] > max_span) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    frames_b = PyBytes_FromStringAndSize(NULL, total);
+    ts_b = PyBytes_FromStringAndSize((const char *)ts, n * (Py_ssize_t)sizeof(double));
+    dl_b = PyBytes_FromStringAndSize((const char *)dl, n * (Py_ssize_t)sizeof(long long));
+    off_b = PyBytes_FromStringAndSize((const char *)off, (n + 1) * (Py_ssize_t)sizeof(long long));
+    if (frames_b == NULL || ts_b == NULL || dl_b == NULL || off_b == NULL)
+        goto done;
+    char *out = PyBytes_AS_STRING(frames_b);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = PyBytes_GET_SIZE(frames[i]);
+        memcpy(out, PyBytes_AS_STRING(frames[i]), (size_t)size);
+        out += size;
+    }
+    result = Py_BuildValue("(LLLOOddOnOOOO)", session, first, last, grp, inst, ts[0], ts[n - 1],
+                           Py_None, total, ts_b, dl_b, off_b, frames_b);
+done:
+    if (frames != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(frames[i]);
+        PyMem_Free(frames);
+    }
+    PyMem_Free(ts);
+    PyMem_Free(dl);
+    PyMem_Free(off);
+    Py_XDECREF(grp);
+    Py_XDECREF(inst);
+    Py_XDECREF(frames_b);
+    Py_XDECREF(ts_b);
+    Py_XDECREF(dl_b);
+    Py_XDECREF(off_b);
+    return result;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
+     "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
+     "one-run batch, None, or NotImplemented (see broker/store/runs.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "broker._speedups",
+    "Compiled per-message work of the router's observers (see broker/store/runs.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (!(s_header = PyUnicode_InternFromString("header"))
+        || !(s_frame = PyUnicode_InternFromString("frame"))
+        || !(s_timestamp = PyUnicode_InternFromString("timestamp"))
+        || !(s_delivered = PyUnicode_InternFromString("delivered"))
+        || !(s_session = PyUnicode_InternFromString("session"))
+        || !(s_instance = PyUnicode_InternFromString("instance"))
+        || !(t_group = PyBytes_FromString("group"))
+        || !(t_instance = PyBytes_FromString("instance")))
+        return NULL;
+    return PyModule_Create(&module);
+}
