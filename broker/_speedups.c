@@ -1,6 +1,12 @@
 /*
  * Compiled per-message work of the router's observers.
  *
+ * routelog_lines: the routing log's JSON lines of a batch
+ * (broker/observability/routelog/record.py).  RecordBuffer's Python loop
+ * is the reference; tests/observability/routelog/test_speedups.py compares
+ * the two on random batches.  The C loop handles messages whose line is
+ * ASCII and returns the index of the first one it leaves to Python.
+ *
  * batch_row: the durable store's row of a routing batch that is one run
  * (broker/store/runs.py).  The pure-Python batch_row there is the
  * reference: this function returns an equal tuple, or None exactly when
@@ -22,7 +28,7 @@
 
 /* Interned attribute names and header tags (module init). */
 static PyObject *s_header, *s_frame, *s_timestamp, *s_delivered, *s_session, *s_instance;
-static PyObject *t_group, *t_instance;
+static PyObject *t_group, *t_instance, *t_seq, *s_sender, *s_recipients;
 
 /* A borrowed-free getter: new reference or NULL (error set). */
 static PyObject *
@@ -236,7 +242,188 @@ done:
 #endif
 }
 
+/* Append the ASCII text of a str to *p (the caller sized the buffer). */
+static inline void
+put(char **p, PyObject *ascii)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ascii);
+    memcpy(*p, PyUnicode_1BYTE_DATA(ascii), (size_t)n);
+    *p += n;
+}
+
+static inline void
+put_lit(char **p, const char *s, size_t n)
+{
+    memcpy(*p, s, n);
+    *p += n;
+}
+
+static inline int
+is_ascii_str(PyObject *o)
+{
+    return PyUnicode_CheckExact(o) && PyUnicode_IS_ASCII(o);
+}
+
+/* routelog_lines(batch, start, lines, parts_of, seq_text) -> index
+ *
+ * Appends to ``lines`` the record line of batch[start], batch[start + 1],
+ * ... and returns the index of the first message it did not format (len
+ * when all were).  ``parts_of(routed)`` returns the cached (prefix,
+ * suffix, ...) of a message's sender and recipients (called again only
+ * when they change); ``seq_text(seq)`` the escaped text of a seq that is
+ * not plain digits.
+ */
+static PyObject *
+routelog_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "routelog_lines(list, int, list, callable, callable)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *lines = args[2], *parts_of = args[3], *seq_text = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    PyObject *last_sender = NULL, *last_recips = NULL, *prefix = NULL, *suffix = NULL;
+    PyObject *parts = NULL;  /* owns prefix and suffix */
+    for (; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *sender = attr(r, s_sender);
+        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+        if (recips == NULL) {
+            Py_XDECREF(sender);
+            goto error;
+        }
+        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+                    && sender == last_sender && recips == last_recips;
+        if (!reuse) {
+            Py_XDECREF(parts);
+            parts = PyObject_CallOneArg(parts_of, r);
+            if (parts == NULL) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                goto error;
+            }
+            if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) < 2
+                || !is_ascii_str(PyTuple_GET_ITEM(parts, 0))
+                || !is_ascii_str(PyTuple_GET_ITEM(parts, 1))) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                break; /* not ASCII: Python formats this one */
+            }
+            prefix = PyTuple_GET_ITEM(parts, 0);
+            suffix = PyTuple_GET_ITEM(parts, 1);
+            /* Keep identities only while parts holds them alive (its third
+             * item is the recipient tuple; the sender stays attached). */
+            last_sender = sender;
+            last_recips = recips;
+        }
+        Py_DECREF(sender);
+        Py_DECREF(recips);
+
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            break;
+        }
+        double us = PyFloat_AS_DOUBLE(t) * 1e6;
+        Py_DECREF(t);
+        if (!(us > -9.0e18 && us < 9.0e18))
+            break; /* NaN, inf, out of range: Python says what happens */
+        long long time_us = (long long)us; /* truncation, as int() */
+
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        Py_ssize_t size = PyObject_Length(f);
+        Py_DECREF(f);
+        if (size < 0)
+            goto error;
+
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto error;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            break;
+        }
+        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+        if (seq == NULL && PyErr_Occurred()) {
+            Py_DECREF(h);
+            goto error;
+        }
+        const char *sq = NULL;
+        Py_ssize_t sq_len = 0;
+        PyObject *sq_obj = NULL;
+        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+            const char *b = PyBytes_AS_STRING(seq);
+            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
+            while (k < m && b[k] >= '0' && b[k] <= '9')
+                k++;
+            if (k == m) {
+                sq = b;
+                sq_len = m;
+            }
+        }
+        if (sq == NULL) {
+            sq_obj = PyObject_CallOneArg(seq_text, seq != NULL ? seq : Py_None);
+            if (sq_obj == NULL) {
+                Py_DECREF(h);
+                goto error;
+            }
+            if (!is_ascii_str(sq_obj)) {
+                Py_DECREF(sq_obj);
+                Py_DECREF(h);
+                break;
+            }
+            sq = (const char *)PyUnicode_1BYTE_DATA(sq_obj);
+            sq_len = PyUnicode_GET_LENGTH(sq_obj);
+        }
+        char digits[48];
+        int tn = snprintf(digits, 24, "%lld", time_us);
+        int zn = snprintf(digits + 24, 24, "%zd", size);
+        static const char A[] = "{\"time_us\":", B[] = ",", C[] = ",\"seq\":\"",
+                          D[] = "\",\"size\":";
+        Py_ssize_t len = (Py_ssize_t)(sizeof(A) - 1 + tn + sizeof(B) - 1 + sizeof(C) - 1
+                                      + sizeof(D) - 1 + zn) + sq_len
+                         + PyUnicode_GET_LENGTH(prefix) + PyUnicode_GET_LENGTH(suffix);
+        PyObject *line = PyUnicode_New(len, 127);
+        if (line == NULL) {
+            Py_XDECREF(sq_obj);
+            Py_DECREF(h);
+            goto error;
+        }
+        char *p = (char *)PyUnicode_1BYTE_DATA(line);
+        put_lit(&p, A, sizeof(A) - 1);
+        put_lit(&p, digits, (size_t)tn);
+        put_lit(&p, B, sizeof(B) - 1);
+        put(&p, prefix);
+        put_lit(&p, C, sizeof(C) - 1);
+        put_lit(&p, sq, (size_t)sq_len);
+        put_lit(&p, D, sizeof(D) - 1);
+        put_lit(&p, digits + 24, (size_t)zn);
+        put(&p, suffix);
+        Py_XDECREF(sq_obj);
+        Py_DECREF(h);
+        int rc = PyList_Append(lines, line);
+        Py_DECREF(line);
+        if (rc < 0)
+            goto error;
+    }
+    Py_XDECREF(parts);
+    return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(parts);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
+     "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
+     "left to Python (see broker/observability/routelog/record.py)."},
     {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
      "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
      "one-run batch, None, or NotImplemented (see broker/store/runs.py)."},
@@ -259,7 +446,10 @@ PyInit__speedups(void)
         || !(s_session = PyUnicode_InternFromString("session"))
         || !(s_instance = PyUnicode_InternFromString("instance"))
         || !(t_group = PyBytes_FromString("group"))
-        || !(t_instance = PyBytes_FromString("instance")))
+        || !(t_instance = PyBytes_FromString("instance"))
+        || !(t_seq = PyBytes_FromString("seq"))
+        || !(s_sender = PyUnicode_InternFromString("sender"))
+        || !(s_recipients = PyUnicode_InternFromString("recipients")))
         return NULL;
     return PyModule_Create(&module);
 }

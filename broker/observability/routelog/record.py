@@ -30,6 +30,16 @@ import re
 from collections.abc import Callable, Iterable
 
 from broker.core.router import Endpoint, Routed, Router
+from wire.skan.codec import PURE_PYTHON
+
+# broker/_speedups.c formats the ASCII lines of a batch in one C loop; the
+# Python loop (RecordBuffer.observe_py) is the reference and the fallback.
+_lines_c = None
+if not PURE_PYTHON:
+    try:
+        from broker._speedups import routelog_lines as _lines_c
+    except ImportError:  # pragma: no cover - built without a compiler
+        _lines_c = None
 
 # Record fields, in the order they are written (the analytics schema must match).
 FIELDS = (
@@ -112,11 +122,27 @@ class RecordBuffer:
 
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: one line per routed message of the batch."""
-        lines = self.lines
-        append = lines.append
-        cache = self._parts
+        if _lines_c is None:
+            self.observe_py(batch)
+        else:
+            # The compiled loop formats every ASCII line; what it leaves
+            # (a non-ASCII lname, group or seq, an odd timestamp) goes through
+            # the reference one message at a time.
+            lines, parts_of = self.lines, self._parts_of
+            i, n = 0, len(batch)
+            while i < n:
+                i = _lines_c(batch, i, lines, parts_of, _seq)
+                if i < n:
+                    self._format(batch[i], parts_of(batch[i]))
+                    i += 1
+        if len(self.lines) >= self.limit:
+            self.on_full()
+
+    def observe_py(self, batch: list[Routed]) -> None:
+        """The reference of :meth:`observe` (without the on_full check)."""
         last_key: tuple | None = None
-        parts = ("", "", ())
+        parts: tuple = ("", "", ())
+        cache = self._parts
         for routed in batch:
             recips = routed.recipients
             h = routed.header
@@ -127,17 +153,27 @@ class RecordBuffer:
             if key != last_key:
                 parts = cache.get(key) or self._new_parts(routed)
                 last_key = key
-            seq = h.get(b"seq")
-            try:
-                sq = seq.decode() if seq.isdigit() else _seq(seq)
-            except AttributeError:  # no seq, or not DATA (zero-cost when not raised)
-                sq = _seq(seq)
-            append(
-                f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'
-                f'"size":{len(routed.frame)}{parts[1]}'
-            )
-        if len(lines) >= self.limit:
-            self.on_full()
+            self._format(routed, parts)
+
+    def _format(self, routed: Routed, parts: tuple) -> None:
+        seq = routed.header.get(b"seq")
+        try:
+            sq = seq.decode() if seq.isdigit() else _seq(seq)
+        except AttributeError:  # no seq, or not DATA (zero-cost when not raised)
+            sq = _seq(seq)
+        self.lines.append(
+            f'{{"time_us":{int(routed.timestamp * 1e6)},{parts[0]},"seq":"{sq}",'
+            f'"size":{len(routed.frame)}{parts[1]}'
+        )
+
+    def _parts_of(self, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
+        recips = routed.recipients
+        if recips:
+            key: tuple = (routed.sender, id(recips))
+        else:
+            h = routed.header
+            key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
+        return self._parts.get(key) or self._new_parts(routed)
 
     def take(self) -> list[str]:
         lines, self.lines = self.lines, []
