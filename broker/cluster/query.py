@@ -206,24 +206,13 @@ def merge(params: w.QueryParams, answers: Iterable[Gathered]) -> Gathered:
     return Gathered(found[:limit], more or len(found) > limit)
 
 
-def replay_queries(last: w.EventId, patterns: tuple[tuple[str, ...], ...]
-                   ) -> tuple[w.QueryServerParams, Any]:
-    """The two queries of a cluster-wide Mariner replay after ``last``.
-
-    First the event ``last`` itself, from the broker it entered (for its
-    timestamp); then, given that timestamp, every broker's events of the
-    client's ``patterns`` from then on, oldest first, cut after ``last``.
-    """
-    first = w.QueryServerParams(server_id=last.server, max_results=1,
-                                last_event_id=w.EventId(last.server, last.session,
-                                                        last.instance - 1))
-
-    def after(timestamp: float) -> w.QueryTimeseriesParams:
-        return w.QueryTimeseriesParams(event_types=patterns,
-                                       t_from=w.Timestamp.from_float(timestamp),
-                                       order=w.Order.ASCENDING, last_event_id=last)
-
-    return first, after
+def sentinel_query(last: w.EventId) -> w.QueryServerParams:
+    """The first query of a cluster-wide Mariner replay after ``last``: the
+    event ``last`` itself, from the broker it entered, for its timestamp
+    (then :class:`ReplayPager` pages every broker's events from it on)."""
+    return w.QueryServerParams(server_id=last.server, max_results=1,
+                               last_event_id=w.EventId(last.server, last.session,
+                                                       last.instance - 1))
 
 
 def _order_key(e: Sequence[Any]) -> tuple[float, int, int, int]:

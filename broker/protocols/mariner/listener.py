@@ -280,7 +280,8 @@ class MarinerEndpoint(QueuedEndpoint):
         return cursor, cursor >= seam or looked < REPLAY_PAGE
 
     async def _cluster_replay(self, last: Any, patterns: tuple[tuple[str, ...], ...]) -> None:
-        """Replay from every broker (one gathered answer, at most QUERY_LIMIT events).
+        """Replay from every broker, page by page, until every broker's events
+        after ``last`` have been sent.
 
         Live events are held back meanwhile, as for a local replay; an event
         crossing between brokers at the very moment of subscribing may come
@@ -289,8 +290,7 @@ class MarinerEndpoint(QueuedEndpoint):
         cluster, retention = self.cluster, self.retention
         assert cluster is not None and retention is not None
         try:
-            first, after = cq.replay_queries(
-                w.EventId(last.server, last.session, last.instance), patterns)
+            first = cq.sentinel_query(w.EventId(last.server, last.session, last.instance))
             local = cq.local_query(retention, None, self.server_id)
             found = await cluster.gather(first, local)
             sentinel = [e for e in found.entries
@@ -300,28 +300,27 @@ class MarinerEndpoint(QueuedEndpoint):
                 log.info("mariner %s (%s): last_event_id %r is not retained by any broker: "
                          "no replay", self.lname.decode(), self.client_id, last)
                 return
-            found = await cluster.gather(after(sentinel[0][2]), local)
-            if found.more_follows and not self.replay_gap:
-                self.replay_gap = True
-                log.warning("mariner %s (%s): cluster replay limited to %d events",
-                            self.lname.decode(), self.client_id, len(found.entries))
             takes = self.router.pattern_receives
             batch: list[str] = []
             key = None
-            for e in found.entries:
-                if self.closed:
-                    return
-                routed = view(cq.as_entry(e))
-                routed.server = e[cq.SERVER]
-                header = routed.header
-                if not takes(self, header[b"group"], header[b"instance"], header[b"to"]):
-                    continue
-                if (routed.server, routed.session) != key and batch:
-                    self._send_events(batch, live=False)  # one events message per Hat session
-                    batch = []
-                    await self._writer_caught_up()
-                key = (routed.server, routed.session)
-                batch.append(self.encoded(routed))
+            # Page by page from every broker (ClusterLink.replay): no cap; a
+            # page that cannot move on is logged there as a replay gap.
+            async for page in cluster.replay(last, sentinel[0][2], patterns, local):
+                for e in page:
+                    if self.closed:
+                        return
+                    routed = view(cq.as_entry(e))
+                    routed.server = e[cq.SERVER]
+                    header = routed.header
+                    if not takes(self, header[b"group"], header[b"instance"], header[b"to"]):
+                        continue
+                    if (routed.server, routed.session) != key and batch:
+                        # One events message per Hat session.
+                        self._send_events(batch, live=False)
+                        batch = []
+                        await self._writer_caught_up()
+                    key = (routed.server, routed.session)
+                    batch.append(self.encoded(routed))
             if batch:
                 self._send_events(batch, live=False)
         finally:
