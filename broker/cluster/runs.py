@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 
 from wire import nats
-from wire.skan.framing import _split as split_frames  # the compiled splitter when built
+from wire.skan.framing import split_frames
 
 # A run's origin: "server session first-instance count".  (The name changed
 # with the run format: a broker of an older release counts these messages as

@@ -39,13 +39,13 @@ def test_implementation_matches_the_mode():
     if PURE:
         assert codec.IMPLEMENTATION == "python"
         assert codec.decode_header is decode_header_py
-        assert framing._split is framing.split
+        assert framing.split_frames is framing.split
     else:
         assert codec.IMPLEMENTATION == "c", (
             "wire/skan/_speedups is not built: run `pip install -e .` (or make venv)"
         )
         assert codec.decode_header is decode_header_c
-        assert framing._split is split_c
+        assert framing.split_frames is split_c
 
 
 needs_c = pytest.mark.skipif(PURE, reason="SKAN_PURE_PYTHON=1: no compiled code to compare")

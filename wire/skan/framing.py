@@ -50,7 +50,7 @@ class FrameSplitter:
             first, data, pos = rx.resume(data)
         if type(data) is not bytes:
             data = bytes(data)
-        frames, pos, bad, need = _split(data, pos, self.max_frame)
+        frames, pos, bad, need = split_frames(data, pos, self.max_frame)
         if bad >= 0:
             rx.clear()
             if bad < MAGIC_LEN:
@@ -87,7 +87,9 @@ def split(data: bytes, pos: int, max_frame: int) -> tuple[list[bytes], int, int,
     return frames, pos, -1, 0
 
 
-_split = split
+# split_frames: the fastest available implementation of split() (the
+# compiled one when built), for every caller that scans a buffer of frames.
+split_frames = split
 if not PURE_PYTHON:
     with contextlib.suppress(ImportError):  # not built: the reference serves
-        from wire.skan._speedups import split as _split
+        from wire.skan._speedups import split as split_frames
