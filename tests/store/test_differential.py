@@ -18,30 +18,16 @@ from hypothesis import strategies as st
 
 from broker.core import events
 from broker.core.retention import RetentionStore
-from broker.core.router import Endpoint, Router
+from broker.core.router import Router
 from broker.protocols.eventer.query import LatestTable, run_query, run_store_query
 from broker.store import Store
+from tests.store.test_store import Clock, Sender
 from wire import eventer as w
 
 GROUPS = ["a", "b", "c"]
 INSTANCES = ["*", "x", "x/y", "z", "z/y/q"]
 PATTERNS = [("*",), ("a", "*"), ("?", "x"), ("a",), ("b", "x", "*"), ("a", "?", "y"), (),
             ("c", "z", "?", "q"), ("?", "*"), ("b", "z")]
-
-
-class Sender(Endpoint):
-    protocol = "test"
-
-    def deliver(self, frame, routed):  # pragma: no cover - never a recipient
-        raise AssertionError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 message = st.tuples(

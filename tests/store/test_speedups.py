@@ -7,26 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core import events
-from broker.core.router import Endpoint, Router
+from broker.core.router import Router
 from broker.store import runs
+from tests.store.test_store import Clock, Sender
 
 pytestmark = pytest.mark.skipif(runs._batch_row_c is None,
                                 reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
-
-
-class Sender(Endpoint):
-    protocol = "test"
-
-    def deliver(self, frame, routed):  # pragma: no cover - never a recipient
-        raise AssertionError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 message = st.tuples(
