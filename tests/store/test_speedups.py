@@ -11,8 +11,20 @@ from broker.core.router import Router
 from broker.store import runs
 from tests.store.test_store import Clock, Sender
 
-pytestmark = pytest.mark.skipif(runs._batch_row_c is None,
-                                reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+needs_c = pytest.mark.skipif(runs._batch_row_c is None,
+                             reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+
+
+def test_observer_implementation_matches_the_mode():
+    """CI must notice a broker that silently runs without its compiled observers."""
+    from broker.observability.routelog import record
+    from wire.skan.codec import PURE_PYTHON
+
+    if PURE_PYTHON:
+        assert runs._batch_row_c is None and record._lines_c is None
+    else:
+        assert runs.BATCH_ROW_IMPLEMENTATION == "c" and record._lines_c is not None, (
+            "broker/_speedups is not built: run `pip install -e .` (or make venv)")
 
 
 message = st.tuples(
@@ -41,6 +53,7 @@ def route_batch(messages, remote_at: int | None = None) -> list:
     return batch
 
 
+@needs_c
 @settings(max_examples=400, deadline=None)
 @given(messages=st.lists(message, min_size=1, max_size=12),
        remote_at=st.one_of(st.none(), st.integers(0, 11)),
@@ -61,6 +74,7 @@ def test_compiled_batch_row_equals_the_reference(messages, remote_at, max_run, m
     assert repr(got) == repr(expected)  # equal, NaN timestamps included
 
 
+@needs_c
 def test_what_it_does_not_handle_is_left_to_the_reference():
     batch = route_batch([(("g", "1"), 10, False, 0.0)] * 3)
     batch[1].timestamp = 5  # an int: not what the router makes

@@ -355,7 +355,7 @@ def test_codec_tests_pass_in_pure_python_mode():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
          "tests/wire/test_skan_codec.py", "tests/wire/test_skan_speedups.py",
          "tests/core/test_router.py", "tests/store/test_store.py",
-         "tests/store/test_differential.py"],
+         "tests/store/test_differential.py", "tests/store/test_speedups.py"],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
