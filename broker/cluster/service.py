@@ -30,7 +30,7 @@ from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import relieve_congestion, write_loop
+from broker.runtime.transport import client_ssl_context, relieve_congestion, write_loop
 from wire import nats
 from wire.errors import ProtocolError
 
@@ -239,25 +239,50 @@ class _Link:
         return self.conn.receive_data(data)
 
 
+def connect_options(cfg: ClusterSection, server_id: int, tls: bool) -> dict[str, object]:
+    """The CONNECT fields: no echo (our own messages never come back), headers
+    (the run's origin), and the credentials of [cluster]."""
+    options: dict[str, object] = {
+        "verbose": False, "pedantic": False, "echo": False, "headers": True,
+        "no_responders": True, "protocol": 1, "lang": "python-trio",
+        "version": "skan", "name": f"skan-broker/{server_id}", "tls_required": tls,
+    }
+    if cfg.token is not None:
+        options["auth_token"] = cfg.token
+    if cfg.user is not None:
+        options["user"] = cfg.user
+        options["pass"] = cfg.password
+    return options
+
+
 async def _open_link(cfg: ClusterSection, server_id: int) -> _Link:
     errors = []
     for url in cfg.url:
         host, port = nats_address(url)
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
-                stream = await trio.open_tcp_stream(host, port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
                 link = _Link(stream, url)
                 while not link.info:
                     for ev in await link.events():
                         if isinstance(ev, nats.Info):
                             link.info = ev.fields
+                # NATS upgrades to TLS after its INFO, before CONNECT.
+                tls = cfg.tls or url.startswith("tls://") or bool(link.info.get("tls_required"))
+                if tls:
+                    if not link.info.get("tls_available", link.info.get("tls_required")):
+                        await trio.aclose_forcefully(stream)
+                        raise ClusterStartError(f"NATS at {url} does not offer TLS")
+                    ctx = client_ssl_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+                    stream = link.stream = trio.SSLStream(stream, ctx, server_hostname=host)
+                    try:
+                        await stream.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        raise OSError(f"TLS handshake failed: {exc.__cause__ or exc}") from None
                 if not link.info.get("headers", False):
                     raise ClusterStartError(f"NATS at {url} does not support headers (need 2.2+)")
-                await stream.send_all(nats.connect({
-                    "verbose": False, "pedantic": False, "echo": False, "headers": True,
-                    "no_responders": True, "protocol": 1, "lang": "python-trio",
-                    "version": "skan", "name": f"skan-broker/{server_id}",
-                }) + nats.PING)
+                await stream.send_all(
+                    nats.connect(connect_options(cfg, server_id, tls)) + nats.PING)
                 while True:
                     evs = await link.events()
                     if any(isinstance(e, nats.Err) for e in evs):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import random
-import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -25,6 +24,7 @@ from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
+from broker.runtime.transport import client_ssl_context
 from broker.store.spool import BridgeSpool
 from wire.errors import ProtocolError
 
@@ -157,11 +157,9 @@ async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
     with trio.move_on_after(CONNECT_TIMEOUT):
         if not cfg.tls:
             return await trio.open_tcp_stream(host, port)
-        ctx = ssl.create_default_context(cafile=cfg.tls_ca)
-        if cfg.tls_cert is not None:
-            # A client certificate for peers that require one (e.g. another
-            # broker with tls_client_auth = "require").
-            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        # A client certificate for peers that require one (e.g. another
+        # broker with tls_client_auth = "require").
+        ctx = client_ssl_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
         stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx)
         try:
             # Handshake now: a bad certificate is then a failed connect, so the

@@ -314,6 +314,20 @@ class ClusterSection:
     # Bytes queued towards NATS before further messages are dropped (counted):
     # NATS unreachable or slower than the broker must never stall local routing.
     queue_limit: int = attrs.field(default=64 * MiB, validator=_positive)
+    # Credentials towards NATS (its CONNECT fields): a token, or a user and
+    # password; none when NATS needs none.  In this file, not in the URL, so
+    # they never reach a log line or a process listing.
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+    # TLS towards NATS: required by tls = true or a tls:// URL, and used
+    # whenever the server's INFO says tls_required.  The server is verified
+    # against tls_ca (the system CAs when unset); tls_cert/tls_key give a
+    # client certificate to a NATS that verifies clients.
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -464,6 +478,13 @@ def validate(config: Config) -> None:
             nats_address(url)
         except ValueError as exc:
             raise ConfigError(f"cluster.url[{i}]", str(exc)) from None
+    cluster = config.cluster
+    if cluster.token is not None and cluster.user is not None:
+        raise ConfigError("cluster.token", "a token or a user and password, not both")
+    if (cluster.user is None) != (cluster.password is None):
+        raise ConfigError("cluster.user", "user and password go together")
+    if (cluster.tls_cert is None) != (cluster.tls_key is None):
+        raise ConfigError("cluster.tls_cert", "tls_cert and tls_key go together")
     for name in ("skan", "hsp", "eventer", "mariner", "metrics"):
         section = getattr(config, name)
         if (section.tls_cert is None) != (section.tls_key is None):
@@ -561,10 +582,15 @@ def build_authenticator(config: Config) -> Authenticator:
 
 
 def nats_address(url: str) -> tuple[str, int]:
-    """``nats://host:port`` (or ``host:port``; port defaults to 4222) -> (host, port)."""
-    rest = url.removeprefix("nats://")
-    if "://" in rest or "/" in rest or "@" in rest:
-        raise ValueError(f"{url!r} is not nats://host:port (TLS and credentials: not yet)")
+    """``nats://host:port``, ``tls://host:port`` or ``host:port`` (port 4222 by
+    default) -> (host, port).  Credentials go in [cluster], not in the URL."""
+    rest = url.removeprefix("nats://").removeprefix("tls://")
+    if "@" in rest:
+        # The URL is not repeated: it holds a secret.
+        raise ValueError("credentials in a NATS URL are not read: put them in [cluster] "
+                         "token or user and password")
+    if "://" in rest or "/" in rest:
+        raise ValueError(f"{url!r} is not nats://host:port or tls://host:port")
     host, sep, port = rest.rpartition(":")
     if not sep:
         host, port = rest, "4222"

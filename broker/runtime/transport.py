@@ -81,6 +81,17 @@ def server_ssl_context(
     return ctx
 
 
+def client_ssl_context(ca: str | None = None, cert: str | None = None,
+                       key: str | None = None) -> ssl.SSLContext:
+    """The TLS context of an outgoing connection (bridges, the NATS backplane):
+    the peer verified against ``ca`` (the system CAs when None), with a client
+    certificate for peers that require one."""
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 class TLSListener(trio.abc.Listener[trio.SSLStream]):
     """A TLS listener whose context a configuration reload may replace
     (new certificates and CAs apply to the next accepted connection)."""

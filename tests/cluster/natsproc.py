@@ -34,8 +34,9 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None
 
 class NatsNode:
     def __init__(self, binary: str, workdir: pathlib.Path, name: str, cluster_port: int,
-                 routes: list[int]) -> None:
+                 routes: list[int], args: tuple[str, ...] = ()) -> None:
         self.binary = binary
+        self.args = args  # more nats-server flags (authentication, TLS)
         self.name = name
         self.port = free_port()
         self.cluster_port = cluster_port
@@ -55,6 +56,7 @@ class NatsNode:
                     f"nats://127.0.0.1:{self.cluster_port}"]
             if self.routes:
                 cmd += ["--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
+        cmd += list(self.args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, self.proc)
         return self
@@ -72,13 +74,13 @@ class NatsNode:
 class NatsCluster:
     """``size`` nats-server nodes routed to each other (size 1: a lone server)."""
 
-    def __init__(self, size: int = 1) -> None:
+    def __init__(self, size: int = 1, args: tuple[str, ...] = ()) -> None:
         binary = ensure_binary("nats-server", "nats-server")
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="skan-nats-"))
         cports = [free_port() for _ in range(size)] if size > 1 else [0]
         self.nodes = [
             NatsNode(binary, self.dir, f"n{i}", cports[i] if size > 1 else 0,
-                     [p for j, p in enumerate(cports) if j != i] if size > 1 else [])
+                     [p for j, p in enumerate(cports) if j != i] if size > 1 else [], args)
             for i in range(size)
         ]
 
