@@ -63,6 +63,8 @@ _HEADER_OF = attrgetter("header")
 _FRAME = attrgetter("frame")
 _TIMESTAMP = attrgetter("timestamp")
 _KEY = itemgetter(b"group", b"instance", b"to")
+_GROUP = itemgetter(b"group")
+_TO = itemgetter(b"to")
 
 
 class RemoteSender(Endpoint):
@@ -130,8 +132,10 @@ class Backplane(Endpoint):
             if senders.count(remote) == len(senders):
                 return
             batch = [r for r in batch if r.sender is not remote]
-        parts: list[bytes] = []
         wanted = self.remote.wanted
+        if wanted is not None and self._unwanted(batch, wanted):
+            return
+        parts: list[bytes] = []
         if not self._one_subject(batch, parts, wanted):
             self._runs(batch, parts, wanted)
         if parts:
@@ -140,6 +144,18 @@ class Backplane(Endpoint):
                 self.sent += sent
             else:
                 self.drops += sent
+
+    def _unwanted(self, batch: list[Routed], wanted: set[bytes]) -> bool:
+        """The common local batch, in C-level calls and no allocation per message:
+        broadcasts on one group no other broker wants (counted in ``withheld``).
+        False (nothing done) for any other batch."""
+        headers = list(map(_HEADER_OF, batch))
+        groups = list(map(_GROUP, headers))
+        group, n = groups[0], len(groups)
+        if group in wanted or groups.count(group) != n or list(map(_TO, headers)).count(STAR) != n:
+            return False
+        self.withheld += n
+        return True
 
     def _one_subject(self, batch: list[Routed], parts: list[bytes],
                      wanted: set[bytes] | None) -> bool:
