@@ -4,7 +4,8 @@ Prints, for 100-byte messages:
 - single: 1->1 and 1->10 on one broker without a cluster (the reference);
 - local, cluster on: the same on one broker of a two-broker cluster, with
   publishers and subscribers on that broker (the cost of cluster mode on
-  broker-local traffic: every message is also published to NATS);
+  broker-local traffic: since interest announcements, nothing is published
+  to NATS when no other broker wants the group);
 - cross: publishers on broker A, subscribers on broker B (through NATS).
 Ratios are against ``single`` in the same run (the machine's speed moves by
 2x between phases: only same-run ratios mean something).  The last columns
@@ -12,23 +13,45 @@ are CPU time per routed message (microseconds): of the brokers, and of the
 brokers plus nats-server; on a shared machine they move less than rates do.
 
     python -m bench.cluster_bench [--seconds 5]
+    python -m bench.cluster_bench --before ../old-checkout [--rounds 2]
+    python -m bench.cluster_bench --visibility [--nodes 3] [--before ../old-checkout]
+
+``--before`` runs the same rows from another source tree, interleaved round
+by round (each tree's rows against its own single broker).  ``--visibility``
+measures how long a subscription made on broker B takes to receive the
+messages a publisher on broker A sends every 0.5 ms (from B confirming the
+subscribe to the first message), through one NATS server or, with
+``--nodes 3``, with A and B on different nodes of a three-node NATS cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import statistics
 import time
 
 import attrs
 import trio
 
 from bench.anchors import proc_cpu_seconds
-from bench.skan_load import BATCH, PAYLOAD, Broker, Result, raw_connect, send_frame, subscribe
+from bench.skan_load import (
+    BATCH,
+    PAYLOAD,
+    ROOT,
+    Broker,
+    Result,
+    raw_connect,
+    send_frame,
+    subscribe,
+)
+from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, NatsNode
 
 
 @attrs.define
 class Row:
+    tree: str
     mode: str
     result: Result
     # CPU seconds per routed message: the brokers, and the brokers plus NATS.
@@ -99,38 +122,108 @@ def pid(process: Broker | NatsNode) -> int:
     return process.proc.pid
 
 
-async def main(seconds: float) -> None:
+async def tree_rows(tree: str, root: pathlib.Path, seconds: float) -> list[Row]:
+    """single, local and cross rows, 1->1 and 1->10, from the source tree ``root``."""
     rows: list[Row] = []
 
     async def row(mode: str, pub: tuple[str, int], sub: tuple[str, int], subscribers: int,
                   label: str, pids: tuple[list[int], list[int]]) -> None:
-        rows.append(Row(mode, *await flow(pub, sub, subscribers, seconds, label, pids=pids)))
+        rows.append(Row(tree, mode, *await flow(pub, sub, subscribers, seconds, label,
+                                                pids=pids)))
 
-    with Broker(QUIET) as single:
+    with Broker(QUIET, root=root) as single:
         addr = single.addr["skan"]
         for n in (1, 10):
             await row("single", addr, addr, n, f"1->{n}", ([pid(single)], []))
     with NatsCluster(1) as nats:
         url = nats.nodes[0].url
-        with Broker(cluster_config(1, url)) as a, Broker(cluster_config(2, url)) as b:
+        with (Broker(cluster_config(1, url), root=root) as a,
+              Broker(cluster_config(2, url), root=root) as b):
             aa, ba = a.addr["skan"], b.addr["skan"]
             pids = ([pid(a), pid(b)], [pid(nats.nodes[0])])
             for n in (1, 10):
                 await row("local", aa, aa, n, f"1->{n}", pids)
             for n in (1, 10):
                 await row("cross", aa, ba, n, f"1->{n}", pids)
-    ref = {r.result.scenario: r.result.deliveries_per_s for r in rows if r.mode == "single"}
-    print(f"{'mode':<8}{'scenario':<8}{'deliveries/s':>16}{'vs single':>12}"
-          f"{'brokers us/msg':>16}{'+nats us/msg':>14}")
-    for r in rows:
-        rate, scenario = r.result.deliveries_per_s, r.result.scenario
-        print(f"{r.mode:<8}{scenario:<8}{rate:>16,.0f}{rate / ref[scenario]:>11.2f}x"
-              f"{r.broker_cpu * 1e6:>16.2f}{r.total_cpu * 1e6:>14.2f}")
+    return rows
+
+
+async def main(seconds: float, trees: dict[str, pathlib.Path], rounds: int) -> None:
+    print(f"{'round':<6}{'tree':<8}{'mode':<8}{'scenario':<8}{'deliveries/s':>16}"
+          f"{'vs single':>12}{'brokers us/msg':>16}{'+nats us/msg':>14}")
+    for i in range(rounds):
+        for tree, root in trees.items():
+            rows = await tree_rows(tree, root, seconds)
+            ref = {r.result.scenario: r.result.deliveries_per_s
+                   for r in rows if r.mode == "single"}
+            for r in rows:
+                rate, scenario = r.result.deliveries_per_s, r.result.scenario
+                print(f"{i + 1:<6}{r.tree:<8}{r.mode:<8}{scenario:<8}{rate:>16,.0f}"
+                      f"{rate / ref[scenario]:>11.2f}x"
+                      f"{r.broker_cpu * 1e6:>16.2f}{r.total_cpu * 1e6:>14.2f}", flush=True)
+            with open("/proc/loadavg") as f:
+                print("load average:", f.read().strip(), flush=True)
+
+
+# Subscriptions measured per tree: enough for a median and a p90.
+VISIBILITY_SAMPLES = 20
+
+
+async def visibility(trees: dict[str, pathlib.Path], nodes: int) -> None:
+    """Time from B confirming a subscribe to the first message from A's publisher."""
+    with NatsCluster(nodes) as nc:
+        for tree, root in trees.items():
+            with (Broker(cluster_config(1, nc.nodes[0].url), root=root) as a,
+                  Broker(cluster_config(2, nc.nodes[-1].url), root=root) as b):
+                await trio.sleep(3.0)  # past the blind window: interest known
+                delays = []
+                async with (SkanClient.connect(*a.addr["skan"]) as pub,
+                            SkanClient.connect(*b.addr["skan"]) as sub):
+                    for i in range(VISIBILITY_SAMPLES):
+                        group = f"vis-{i}"
+
+                        async def publish(group: str = group) -> None:
+                            while True:
+                                await pub.send(group, "x")
+                                await trio.sleep(0.0005)
+
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(publish)
+                            await trio.sleep(0.05)
+                            await sub.subscribe(group)  # returns when B confirmed it
+                            t0 = time.perf_counter()
+                            with trio.fail_after(10):
+                                await sub.receive()
+                            delays.append(time.perf_counter() - t0)
+                            nursery.cancel_scope.cancel()
+                        await sub.unsubscribe(group)
+                        await trio.sleep(0.05)
+                        while True:  # what was in flight
+                            with trio.move_on_after(0.05):
+                                await sub.receive()
+                                continue
+                            break
+            delays.sort()
+            ms = [d * 1e3 for d in delays]
+            print(f"{tree:<8} nodes={nodes} median {statistics.median(ms):.2f} ms  "
+                  f"p90 {ms[int(0.9 * len(ms))]:.2f} ms  max {ms[-1]:.2f} ms", flush=True)
     with open("/proc/loadavg") as f:
-        print("load average at the end:", f.read().strip())
+        print("load average:", f.read().strip())
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    trio.run(main, parser.parse_args().seconds)
+    parser.add_argument("--before", type=pathlib.Path,
+                        help="another source tree to run interleaved (e.g. the previous release)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--visibility", action="store_true")
+    parser.add_argument("--nodes", type=int, default=1, help="NATS nodes for --visibility")
+    args = parser.parse_args()
+    trees = {"this": ROOT}
+    if args.before is not None:
+        trees["before"] = args.before.resolve()
+    if args.visibility:
+        trio.run(visibility, trees, args.nodes)
+    else:
+        trio.run(main, args.seconds, trees, args.rounds)

@@ -7,11 +7,14 @@ subjects (:mod:`broker.cluster.subjects`), byte-identical, in *runs*
 share a subject travel as one NATS message.  So NATS, and the parsing on both brokers, pay their
 per-message cost once per run, not once per Skan message; a lone message is
 a run of one.  The whole batch goes to NATS in one write.  Even a message
-directed to one of this broker's own clients goes out: a promisc or
-pattern subscriber on another broker may take it, and only NATS knows
-where interest is.  NATS forwards a message only to servers with a
-matching subscription, so a message nobody else wants costs this broker
-its share of one write and nothing more (docs/cluster.md has the figures).
+directed to one of this broker's own clients goes out when a promisc or
+pattern subscriber on another broker may take it.  What no other broker
+wants stays here: the brokers announce their aggregated interest to each
+other (:mod:`broker.cluster.interest`), and a run is published only when
+its group is wanted elsewhere, some broker wants everything, it is
+directed to an lname another broker owns, or some broker's interest is
+unknown (then everything goes out, as without this knowledge).  The check
+costs one lookup per run (per batch on the one-subject fast path).
 
 In: each frame of a run from NATS is routed to this broker's own endpoints
 only, with the backplane as sender (so it never goes back out: "never to the
@@ -27,10 +30,12 @@ limited).
 Interest: the backplane keeps one NATS subscription per group with local
 subscribers (aggregated, not per instance), one for every group when a Hat
 pattern's first segment is a wildcard, and one for traffic directed to its
-own clients.  Protocol bytes go to ``send`` (the trio driver's queue
-towards NATS, which returns False when it cannot take them: NATS is down
-or slower than this broker, and the messages are counted in ``drops``); by
-default they collect in ``pending`` (the pure tests read them there).
+own clients; it announces the first two on :data:`interest.SUBJECT` (a
+delta when one is made or removed, the full set from :meth:`announce`).
+Protocol bytes go to ``send`` (the trio driver's queue towards NATS,
+which returns False when it cannot take them: NATS is down or slower
+than this broker, and the messages are counted in ``drops``); by default
+they collect in ``pending`` (the pure tests read them there).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import subjects
+from broker.cluster import interest, subjects
 from broker.cluster.runs import HEADER_ROOM, RUN_BYTES, STAMP, encode_run, unpack_run
 from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
@@ -58,6 +63,8 @@ _HEADER_OF = attrgetter("header")
 _FRAME = attrgetter("frame")
 _TIMESTAMP = attrgetter("timestamp")
 _KEY = itemgetter(b"group", b"instance", b"to")
+_GROUP = itemgetter(b"group")
+_TO = itemgetter(b"to")
 
 
 class RemoteSender(Endpoint):
@@ -74,7 +81,7 @@ class Backplane(Endpoint):
 
     protocol = "cluster"
 
-    def __init__(self, router: Router, server_id: int) -> None:
+    def __init__(self, router: Router, server_id: int, heartbeat: float = 1.0) -> None:
         super().__init__()
         self.router = router
         self.server_id = server_id
@@ -97,8 +104,19 @@ class Backplane(Endpoint):
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
         self._remote = RemoteSender()
-        self._subjects: dict[tuple[bytes, bytes, bytes], bytes] = {}
+        # (group, instance, to) -> (subject, directed to another broker's lname)
+        self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
         self._in_runs = 0  # messages the last observe() put in runs
+        # Messages not published: no other broker wanted them.
+        self.withheld = 0
+        # Local interest announced to the other brokers: NATS subject -> group
+        # (None: everything), for the subjects of _subs that carry interest.
+        self._interest: dict[bytes, bytes | None] = {}
+        self.announcer = interest.Announcer(server_id)
+        # Blind after (re)connecting for two heartbeats (every broker announces
+        # its full set with each heartbeat); forgotten after three (as "brokers seen").
+        self.remote = interest.RemoteInterest(server_id, 2 * heartbeat, 3 * heartbeat)
+        self._own_dest = b"b%d" % server_id
         router.observers.append(self.observe)
         router.interest.append(self.interest_changed)
         self._add(subjects.own_interest(server_id))
@@ -114,9 +132,12 @@ class Backplane(Endpoint):
             if senders.count(remote) == len(senders):
                 return
             batch = [r for r in batch if r.sender is not remote]
+        wanted = self.remote.wanted
+        if wanted is not None and self._unwanted(batch, wanted):
+            return
         parts: list[bytes] = []
-        if not self._one_subject(batch, parts):
-            self._runs(batch, parts)
+        if not self._one_subject(batch, parts, wanted):
+            self._runs(batch, parts, wanted)
         if parts:
             sent = self._in_runs
             if self.send(b"".join(parts)):
@@ -124,7 +145,20 @@ class Backplane(Endpoint):
             else:
                 self.drops += sent
 
-    def _one_subject(self, batch: list[Routed], parts: list[bytes]) -> bool:
+    def _unwanted(self, batch: list[Routed], wanted: set[bytes]) -> bool:
+        """The common local batch, in C-level calls and no allocation per message:
+        broadcasts on one group no other broker wants (counted in ``withheld``).
+        False (nothing done) for any other batch."""
+        headers = list(map(_HEADER_OF, batch))
+        groups = list(map(_GROUP, headers))
+        group, n = groups[0], len(groups)
+        if group in wanted or groups.count(group) != n or list(map(_TO, headers)).count(STAR) != n:
+            return False
+        self.withheld += n
+        return True
+
+    def _one_subject(self, batch: list[Routed], parts: list[bytes],
+                     wanted: set[bytes] | None) -> bool:
         """The common batch, in C-level calls: one publisher's consecutive messages
         on one (group, instance, to).  False (nothing done) for any other batch."""
         keys = list(map(_KEY, map(_HEADER_OF, batch)))
@@ -132,12 +166,16 @@ class Backplane(Endpoint):
         if (keys.count(keys[0]) != n or last.session != head.session
                 or last.instance - head.instance != n - 1):
             return False
+        subject, away = self._subject(keys[0])
+        if wanted is not None and not away and keys[0][0] not in wanted:
+            self.withheld += n
+            self._in_runs = 0
+            return True
         frames = list(map(_FRAME, batch))
         lens = list(map(len, frames))
         if max(lens) > self.max_payload - HEADER_ROOM - STAMP:
             return False  # the general path drops it
         stamps = list(map(_TIMESTAMP, batch))
-        subject = self._subject(keys[0])
         ends = list(accumulate(map(STAMP.__add__, lens)))  # payload bytes up to each message
         server, session, first = head.server, head.session, head.instance
         i = done = 0
@@ -150,18 +188,29 @@ class Backplane(Endpoint):
         self._in_runs = n
         return True
 
-    def _runs(self, batch: list[Routed], parts: list[bytes]) -> None:
+    def _runs(self, batch: list[Routed], parts: list[bytes],
+              wanted: set[bytes] | None) -> None:
         """Any batch, message by message: a run ends where the subject, the
-        origin's session or the instance sequence changes, or at RUN_BYTES."""
+        origin's session or the instance sequence changes, or at RUN_BYTES.
+        Whether another broker wants a subject is decided once per stretch of
+        messages on it."""
         largest = self.max_payload - HEADER_ROOM  # a run of one must fit
         frames: list[bytes] = []
         stamps: list[float] = []
-        subject = b""
+        subject = checked = b""
+        skip = False
         server = session = first = nxt = size = 0
-        sent = 0
+        sent = withheld = 0
         for routed in batch:
             header = routed.header
-            subj = self._subject((header[b"group"], header[b"instance"], header[b"to"]))
+            group = header[b"group"]
+            subj, away = self._subject((group, header[b"instance"], header[b"to"]))
+            if subj != checked:
+                checked = subj
+                skip = wanted is not None and not away and group not in wanted
+            if skip:
+                withheld += 1
+                continue
             frame = routed.frame
             n = len(frame) + STAMP
             if n > largest:
@@ -188,15 +237,20 @@ class Backplane(Endpoint):
             parts += encode_run(subject, server, session, first, stamps, frames, size)
             sent += len(frames)
         self._in_runs = sent
+        self.withheld += withheld
 
-    def _subject(self, key: tuple[bytes, bytes, bytes]) -> bytes:
+    def _subject(self, key: tuple[bytes, bytes, bytes]) -> tuple[bytes, bool]:
+        """The subject of (group, instance, to), and whether it is directed to an
+        lname another broker owns (that broker always subscribes to it)."""
         cache = self._subjects
-        subject = cache.get(key)
-        if subject is None:
+        found = cache.get(key)
+        if found is None:
             if len(cache) >= SUBJECT_CACHE_LIMIT:
                 cache.clear()
-            subject = cache[key] = subjects.message_subject(*key)
-        return subject
+            subject = subjects.message_subject(*key)
+            dest = subject[subject.rfind(b".") + 1:]
+            found = cache[key] = (subject, dest[:1] == b"b" and dest != self._own_dest)
+        return found
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         """The backplane is never a local recipient (it holds no subscriptions)."""
@@ -205,35 +259,75 @@ class Backplane(Endpoint):
 
     def interest_changed(self, key: tuple[bytes, ...] | bytes, added: bool) -> None:
         """A group (bytes) or Hat pattern (tuple) gained its first / lost its last subscriber."""
+        group: bytes | None
         if isinstance(key, tuple):
             first = key[0] if key else STAR
-            subject = (subjects.ALL_INTEREST if first in (STAR, b"?")
-                       else subjects.group_interest(first))
+            group = None if first in (STAR, b"?") else first
         else:
-            subject = subjects.group_interest(key)
+            group = key
+        subject = subjects.ALL_INTEREST if group is None else subjects.group_interest(group)
         if added:
-            self._add(subject)
-        else:
-            self._drop(subject)
+            if self._add(subject):
+                self._interest[subject] = group
+                self._announce_delta(group, True)
+        elif self._drop(subject):
+            del self._interest[subject]
+            self._announce_delta(group, False)
 
-    def _add(self, subject: bytes) -> None:
+    def _add(self, subject: bytes) -> bool:
+        """Count one more holder of ``subject``; True when it is new (SUB sent)."""
         entry = self._subs.get(subject)
         if entry is not None:
             entry[1] += 1
-            return
+            return False
         self._next_sid += 1
         sid = b"%d" % self._next_sid
         self._subs[subject] = [sid, 1]
         self.send(nats.sub(subject, sid))  # if lost, resubscribe() restores it
+        return True
 
-    def _drop(self, subject: bytes) -> None:
+    def _drop(self, subject: bytes) -> bool:
+        """One holder fewer; True when it was the last (UNSUB sent)."""
         entry = self._subs.get(subject)
         if entry is None:
-            return
+            return False
         entry[1] -= 1
-        if entry[1] <= 0:
-            del self._subs[subject]
-            self.send(nats.unsub(entry[0]))
+        if entry[1] > 0:
+            return False
+        del self._subs[subject]
+        self.send(nats.unsub(entry[0]))
+        return True
+
+    def _announce_delta(self, group: bytes | None, added: bool) -> None:
+        # After the SUB (same connection, so NATS has it before anyone can act
+        # on the delta).  If it is lost, the receivers see a gap in the
+        # sequence and publish everything until our next full set.
+        self.send(nats.pub(interest.SUBJECT, self.announcer.delta(group, added)))
+
+    def announce(self, hello: bool = False) -> None:
+        """Send this broker's full interest (``hello``: on a fresh connection, asking
+        every other broker for theirs)."""
+        groups = [g for g in self._interest.values() if g is not None]
+        everything = None in self._interest.values()
+        part = min(interest.PART_BYTES, self.max_payload // 2)
+        for payload in self.announcer.full(groups, everything, hello, part):
+            self.send(nats.pub(interest.SUBJECT, payload))
+
+    def connected(self, now: float) -> None:
+        """A fresh NATS connection (subscriptions restored): forget what the
+        other brokers wanted, and say hello with our own full set."""
+        self.remote.reset(now)
+        self.announce(hello=True)
+
+    def interest_received(self, payload: bytes, now: float) -> None:
+        """An interest message from another broker (answered when it says hello)."""
+        try:
+            hello = self.remote.receive(payload, now)
+        except ValueError as exc:
+            self.count_malformed(f"{interest.SUBJECT.decode()}: {exc}")
+            return
+        if hello:
+            self.announce()
 
     def resubscribe(self) -> list[bytes]:
         """Commands that restore every subscription on a fresh NATS connection."""

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import trio
 
+from broker.cluster import interest
 from broker.cluster import query as cq
 from broker.cluster.backplane import Backplane
 from broker.cluster.ratelog import RateLimitedLog
@@ -46,6 +47,7 @@ QUERY_SUBJECT = b"skc.query"
 # Control subscriptions use sids outside the backplane's numeric range.
 SID_ID, SID_HB, SID_INBOX = b"id", b"hb", b"inbox"
 SID_QUERY, SID_ANSWERS = b"query", b"answers"
+SID_INTEREST = b"interest"
 # Seconds a cluster query waits for the brokers seen to answer; then it
 # answers with what it has (a broker that died since its last heartbeat
 # must not stall every query).  A NATS round trip on a LAN takes well
@@ -218,6 +220,8 @@ class ClusterLink:
             "backplane_out": bp.sent,
             "backplane_in": bp.received,
             "backplane_drops": bp.drops,
+            "backplane_withheld": bp.withheld,
+            "interest": bp.remote.state,
             "duplicates": bp.duplicates,
             "malformed": bp.malformed,
         }
@@ -313,7 +317,7 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
     cfg = ctx.config.cluster
     server_id = ctx.config.broker.server_id
     status = ClusterStatus(server_id)
-    backplane = Backplane(ctx.router, server_id)
+    backplane = Backplane(ctx.router, server_id, cfg.heartbeat)
     backplane.on_malformed = RateLimitedLog(
         log, "cluster: malformed message from NATS (counted in stats cluster.malformed): %s",
         MALFORMED_LOG_INTERVAL)
@@ -352,6 +356,7 @@ async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
         except* LINK_ERRORS as group:
             log.warning("cluster: NATS connection to %s lost: %s", link.url, group.exceptions[0])
         status.up = False
+        state.backplane.remote.disconnected()
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(link.stream)
         while True:
@@ -379,17 +384,23 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
         + nats.sub(HEARTBEAT_SUBJECT, SID_HB)
         + nats.sub(QUERY_SUBJECT, SID_QUERY)
         + nats.sub(state.inbox + b"*", SID_ANSWERS)
+        + nats.sub(interest.SUBJECT, SID_INTEREST)
         + b"".join(backplane.resubscribe())
     )
     status.up = True
     status.url = link.url
     status.connects += 1
+    # What the other brokers wanted may have changed unseen: publish everything
+    # until they have announced again, and ask them to (hello).
+    backplane.connected(trio.current_time())
 
     async def heartbeat() -> None:
         body = json.dumps({"server": server_id}).encode()
         while True:
             queue.push(nats.pub(HEARTBEAT_SUBJECT, body))
             await trio.sleep(cfg.heartbeat)
+            backplane.remote.tick(trio.current_time())
+            backplane.announce()  # the full set, with each heartbeat (before it)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(write_loop, link.stream, queue, done_when_empty=_never))
@@ -400,7 +411,9 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                 if isinstance(ev, nats.Msg):
                     sid = ev.sid
                     if sid == SID_HB:
-                        _heard(status, ev.payload)
+                        _heard(status, backplane, ev.payload)
+                    elif sid == SID_INTEREST:
+                        backplane.interest_received(ev.payload, trio.current_time())
                     elif sid == SID_ANSWERS:
                         state.answered(ev)
                     elif sid == SID_QUERY:
@@ -429,10 +442,12 @@ def _never() -> bool:
     return False
 
 
-def _heard(status: ClusterStatus, payload: bytes) -> None:
+def _heard(status: ClusterStatus, backplane: Backplane, payload: bytes) -> None:
     try:
         server = int(json.loads(payload)["server"])
     except (ValueError, KeyError, TypeError, RecursionError):
         return
     if server != status.server_id:
-        status.seen[server] = trio.current_time()
+        now = trio.current_time()
+        status.seen[server] = now
+        backplane.remote.heard(server, now)

@@ -1,8 +1,11 @@
 """An in-memory NATS server for the pure backplane tests: subject matching and
-per-subscription delivery (one copy per matching subscription, as NATS does)."""
+per-subscription delivery (one copy per matching subscription, as NATS does),
+and the interest messages between brokers (``connect()`` says hello for each,
+as a fresh NATS connection does; without it every broker publishes everything)."""
 
 from __future__ import annotations
 
+from broker.cluster import interest
 from broker.cluster.backplane import Backplane
 from wire import nats
 
@@ -40,6 +43,13 @@ class FakeNats:
         self.backplanes = backplanes
         self.subs: dict[int, dict[bytes, bytes]] = {i: {} for i in range(len(backplanes))}
         self.published = 0
+        self.interest_messages = 0
+
+    def connect(self, now: float = 0.0) -> None:
+        """Every backplane gets a fresh connection (at ``now``) and says hello."""
+        for bp in self.backplanes:
+            bp.connected(now)
+        self.pump()
 
     def pump(self) -> None:
         """Carry every pending command until nothing is left (the routers' batches included)."""
@@ -59,6 +69,11 @@ class FakeNats:
                     elif op == b"HPUB":
                         self.published += 1
                         self._publish(i, args[0], body, int(args[-2]))
+                    elif op == b"PUB" and args[0] == interest.SUBJECT:
+                        self.interest_messages += 1
+                        for j, other in enumerate(self.backplanes):
+                            if j != i:  # echo off
+                                other.interest_received(body, 0.0)
 
     def _publish(self, origin: int, subject: bytes, body: bytes, hlen: int) -> None:
         for j, bp in enumerate(self.backplanes):

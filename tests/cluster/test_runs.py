@@ -98,11 +98,13 @@ def test_both_paths_write_the_same_bytes():
     routers, bps, _fake, pub, _sub = pair(clock_a=iter(range(10**6)).__next__)
     bps[0].take_pending()
     batch = [send(routers[0], pub, i, size=i % 300) for i in range(1500)]
-    fast: list[bytes] = []
-    general: list[bytes] = []
-    assert bps[0]._one_subject(batch, fast)
-    bps[0]._runs(batch, general)
-    assert b"".join(fast) == b"".join(general) and len(fast) > 5
+    for wanted in (None, {b"g"}, {b"h"}, set()):
+        fast: list[bytes] = []
+        general: list[bytes] = []
+        assert bps[0]._one_subject(batch, fast, wanted)
+        bps[0]._runs(batch, general, wanted)
+        assert b"".join(fast) == b"".join(general)
+        assert (len(fast) > 5) == (wanted is None or b"g" in wanted)
 
 
 def test_a_frame_over_max_payload_is_dropped_and_counted():
