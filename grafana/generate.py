@@ -315,12 +315,16 @@ def build() -> db.Dashboard:
               [(f"sum by (direction) ({rate('skan_backplane_messages_total')})",
                 "{{direction}}")], width=6,
               description="Routed messages published to (out) and received from (in) NATS."),
-        graph(50, "Backplane drops and duplicates / s",
+        graph(50, "Backplane drops, duplicates, withheld / s",
               [(f"sum({rate('skan_backplane_drops_total')})", "dropped (not published)"),
-               (f"sum({rate('skan_backplane_duplicates_total')})", "duplicates dropped")],
+               (f"sum({rate('skan_backplane_duplicates_total')})", "duplicates dropped"),
+               (f"sum({rate('skan_backplane_withheld_total')})", "withheld (no remote interest)"),
+               (f"sum({rate('skan_backplane_malformed_total')})", "malformed from NATS")],
               width=6,
               description="Drops: messages not published while NATS was down or its queue "
-                          "full. Duplicates: second copies from overlapping subscriptions."),
+                          "full. Duplicates: second copies from overlapping subscriptions. "
+                          "Withheld: not published, no other broker wants them (normal). "
+                          "Malformed: undecodable messages from NATS (should stay 0)."),
 
         row(51, "Durable store"),
         graph(52, "Store writes / s",

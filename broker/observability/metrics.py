@@ -376,12 +376,13 @@ class BrokerCollector(Collector):
     def _cluster(self, ctx: BrokerContext) -> Iterator[Metric]:
         """The cluster view (section 8); every series exists, at 0, without a cluster."""
         link = ctx.cluster
-        up = seen = sent = received = drops = duplicates = 0
+        up = seen = sent = received = drops = duplicates = withheld = malformed = 0
         if link is not None:
             bp = link.backplane
             up = int(link.status.up)
             seen = len(link.brokers())
             sent, received, drops, duplicates = bp.sent, bp.received, bp.drops, bp.duplicates
+            withheld, malformed = bp.withheld, bp.malformed
         yield _gauge("skan_cluster_up", "1 while the broker is connected to its NATS backplane.",
                      up)
         yield _gauge("skan_cluster_brokers_seen",
@@ -399,6 +400,12 @@ class BrokerCollector(Collector):
         yield _counter("skan_backplane_duplicates",
                        "Second copies of a message from the backplane, dropped (overlapping "
                        "NATS subscriptions, reconnects).", duplicates)
+        yield _counter("skan_backplane_withheld",
+                       "Messages not published because no other broker of the cluster wants "
+                       "them (announced interest).", withheld)
+        yield _counter("skan_backplane_malformed",
+                       "Messages from the backplane that could not be decoded, dropped.",
+                       malformed)
 
 
 def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:

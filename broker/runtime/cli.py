@@ -62,6 +62,9 @@ def build_parser() -> cliutil.Parser:
                    help=port_help("Prometheus /metrics", config.MetricsSection))
     p.add_argument("--log-dir", metavar="DIR",
                    help=f"routing-log directory (default: {_default(L, 'dir')})")
+    p.add_argument("--store-dir", metavar="DIR",
+                   help="durable store directory (default: \"store\" beside the routing-log "
+                        "directory)")
     p.add_argument("--server-id", type=cliutil.non_negative_int,
                    help=f"Hat server id used in EventIds (default: {_default(B, 'server_id')})")
     p.add_argument("--cluster", metavar="URL", action="append",
@@ -96,6 +99,7 @@ def build_config(args: argparse.Namespace) -> config.Config:
         mariner_port=args.mariner_port,
         metrics_port=args.metrics_port,
         log_dir=args.log_dir,
+        store_dir=args.store_dir,
         log_level=args.log_level,
         log_format=args.log_format,
         reuse_port=args.reuse_port,

@@ -624,6 +624,7 @@ def override(config: Config, **flags: Any) -> Config:
         "mariner_port": ("mariner", "port"),
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
+        "store_dir": ("store", "dir"),
         "log_level": ("broker", "log_level"),
         "log_format": ("broker", "log_format"),
         "cluster": ("cluster", "url"),

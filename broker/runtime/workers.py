@@ -1,7 +1,8 @@
 """``skan-broker --workers N``: N broker processes on one host, one per core.
 
 Each worker is a whole broker (``python -m broker``) with its own server id
-(``[broker] server_id`` + i), routing-log directory (``<log dir>/w<i>``) and
+(``[broker] server_id`` + i), routing-log directory (``<log dir>/w<i>``), store
+directory (``<store dir>/w<i>``) and
 metrics port (the configured one + i, or a free one); all of them bind the
 same client ports with SO_REUSEPORT, so the kernel spreads new connections
 over the workers, and they route to each other through the cluster
@@ -27,6 +28,7 @@ import sys
 import time
 
 from broker.runtime.config import Config
+from broker.store.store import default_dir
 
 # Client listeners shared by every worker (metrics are per worker).
 SHARED = ("skan", "hsp", "eventer", "mariner")
@@ -49,6 +51,9 @@ def worker_commands(config: Config, argv: list[str], workers: int) -> list[list[
             port = section.port or _free_port(host)
             shared += [f"--{name}-port", str(port)]
     log_dir = pathlib.Path(config.log.dir)
+    # One store per worker too: a store belongs to one broker (its sessions,
+    # its EventIds), and two processes must never open the same one.
+    store_dir = pathlib.Path(config.store.dir or default_dir(config.log.dir))
     commands = []
     for i in range(workers):
         metrics = config.metrics.port + i if config.metrics.port else 0
@@ -57,6 +62,7 @@ def worker_commands(config: Config, argv: list[str], workers: int) -> list[list[
             "--server-id", str(config.broker.server_id + i),
             "--metrics-port", str(metrics),
             "--log-dir", str(log_dir / f"w{i}"),
+            "--store-dir", str(store_dir / f"w{i}"),
             "--reuse-port",
         ])
     return commands

@@ -187,3 +187,6 @@ async def test_workers_share_the_port_and_route_between_them(nats1, tmp_path):
             for c in clients:
                 await c.aclose()
     assert proc.proc.returncode == 0
+    # Each worker has a store of its own (two processes never share one).
+    opened = [line for line in proc.stderr_lines if "store" in line and "opened in" in line]
+    assert len(opened) == 2 and {"/store/w0/" in line for line in opened} == {True, False}

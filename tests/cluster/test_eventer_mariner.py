@@ -12,6 +12,7 @@ import trio
 from clients.mariner import MarinerClient
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
+from tests.cluster.test_interest_nats import wait_known
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER, HAT08_PEER
 from tests.peerproc import PeerProcess as LinePeer
@@ -27,6 +28,16 @@ def two_brokers():
             yield a, b
 
 
+async def cluster_ready(*brokers) -> None:
+    """Until every broker has seen the others and knows their interest (on a
+    loaded machine a fixed sleep was sometimes too short), then one more
+    heartbeat for the subscriptions' own announcements."""
+    for broker in brokers:
+        async with SkanClient.connect(*broker.skan) as client:
+            await wait_known(client, len(brokers))
+    await trio.sleep(0.2)
+
+
 async def hat_client(broker, **kw) -> PeerProcess:
     peer = await PeerProcess.start(EVENTER09_PEER, "eventer09_client.py")
     res = await peer.call("connect", port=broker.addr["eventer"][1], **kw)
@@ -39,7 +50,7 @@ async def test_queries_and_events_see_the_whole_cluster(two_brokers):
     on_a = await hat_client(a)
     on_b = await hat_client(b, subscriptions=[["q", "*"]])
     async with on_a, on_b:
-        await trio.sleep(0.6)  # heartbeats: each broker sees the other; NATS has the interest
+        await cluster_ready(a, b)
         reg_a = (await on_a.call("register", events=[
             {"type": ["q", "a"], "payload": {"json": 1}, "source_timestamp": 30.0},
             {"type": ["q", "b"], "payload": {"json": 2}, "source_timestamp": 10.0},
@@ -105,7 +116,7 @@ async def test_mariner_replay_gathers_every_broker(two_brokers):
                               subscriptions=[("rp", "*")]) as watcher,
     ):
         await watcher.barrier()
-        await trio.sleep(0.6)  # heartbeats and NATS interest
+        await cluster_ready(a, b)
         for i in range(6):
             await (pub_a if i % 2 == 0 else pub_b).send("rp", str(i))
             await trio.sleep(0.01)  # distinct timestamps across the brokers

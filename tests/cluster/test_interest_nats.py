@@ -9,6 +9,7 @@ import trio
 
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
+from tests.observability.metrics.httpc import scrape, value
 from wire import nats
 
 
@@ -78,6 +79,9 @@ async def test_published_only_once_another_broker_announced_interest():
                 cluster = await cluster_stats(pub)
                 assert cluster["backplane_out"] == "0" and cluster["backplane_withheld"] == "50"
                 assert await observer.drain() == 0
+                metrics = await scrape(a.addr["metrics"])
+                assert value(metrics, "skan_backplane_withheld_total") == 50
+                assert value(metrics, "skan_backplane_messages_total", direction="out") == 0
 
                 # Traffic goes on on A while B's client subscribes: it receives A's
                 # messages once B's interest is announced.

@@ -17,6 +17,8 @@ CLUSTER_SERIES = (
     ("skan_backplane_messages_total", {"direction": "in"}),
     ("skan_backplane_drops_total", {}),
     ("skan_backplane_duplicates_total", {}),
+    ("skan_backplane_withheld_total", {}),
+    ("skan_backplane_malformed_total", {}),
 )
 
 
