@@ -31,7 +31,13 @@ from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
-from broker.runtime.transport import client_ssl_context, relieve_congestion, write_loop
+from broker.runtime.transport import (
+    client_ssl_context,
+    close_slice,
+    open_slice,
+    relieve_congestion,
+    write_loop,
+)
 from wire import nats
 from wire.errors import ProtocolError
 
@@ -407,27 +413,31 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
         nursery.start_soon(heartbeat)
         while True:
             events = await link.events()
-            for ev in events:
-                if isinstance(ev, nats.Msg):
-                    sid = ev.sid
-                    if sid == SID_HB:
-                        _heard(status, backplane, ev.payload)
-                    elif sid == SID_INTEREST:
-                        backplane.interest_received(ev.payload, trio.current_time())
-                    elif sid == SID_ANSWERS:
-                        state.answered(ev)
-                    elif sid == SID_QUERY:
-                        state.answer(ctx, ev)
-                    elif sid == SID_ID:
-                        if ev.reply:
-                            queue.push(nats.pub(ev.reply, b"%d" % server_id))
-                    else:
-                        backplane.receive(ev)
-                elif isinstance(ev, nats.Ping):
-                    queue.push(nats.PONG)
-                elif isinstance(ev, nats.Err):
-                    log.warning("cluster: NATS error: %s", ev.message)
-            router.end_batch()
+            # Routed like a client's read: one batch, direct writes after it.
+            writes = open_slice(router)
+            try:
+                for ev in events:
+                    if isinstance(ev, nats.Msg):
+                        sid = ev.sid
+                        if sid == SID_HB:
+                            _heard(status, backplane, ev.payload)
+                        elif sid == SID_INTEREST:
+                            backplane.interest_received(ev.payload, trio.current_time())
+                        elif sid == SID_ANSWERS:
+                            state.answered(ev)
+                        elif sid == SID_QUERY:
+                            state.answer(ctx, ev)
+                        elif sid == SID_ID:
+                            if ev.reply:
+                                queue.push(nats.pub(ev.reply, b"%d" % server_id))
+                        else:
+                            backplane.receive(ev)
+                    elif isinstance(ev, nats.Ping):
+                        queue.push(nats.PONG)
+                    elif isinstance(ev, nats.Err):
+                        log.warning("cluster: NATS error: %s", ev.message)
+            finally:
+                close_slice(router, writes)
             if router.congested:
                 # Back-pressure, as on a publisher's connection: stop reading
                 # NATS while local consumers catch up (at most the grace per

@@ -311,6 +311,22 @@ async def write_loop(
         queue.wakeup = _noop
 
 
+def open_slice(router: Router) -> list[Callable[[], None]]:
+    """Begin routing what one read brought: parked writers of the recipients
+    register for a direct write instead of being woken (see write_loop)."""
+    router.slice_writes = writes = []
+    return writes
+
+
+def close_slice(router: Router, writes: list[Callable[[], None]]) -> None:
+    """End the routing batch (observers, batched endpoints), then write to the
+    registered recipients directly."""
+    router.end_batch()
+    router.slice_writes = None
+    for send_now in writes:
+        send_now()
+
+
 def _direct_sender(router: Router, sock: trio.socket.SocketType, queue: OutQueue,
                    wake: Callable[[], None], done_when_empty: Callable[[], bool],
                    after_send: Callable[[], None]) -> Callable[[], None]:
@@ -469,15 +485,11 @@ async def run_connection(
         latency = router.latency
         routed_before = counters.msgs_in
         started = time.perf_counter() if latency is not None else 0.0
-        router.slice_writes = writes = []
+        writes = open_slice(router)
         try:
             return on_bytes(data)
         finally:
-            router.end_batch()
-            router.slice_writes = None
-            # Parked writers of this slice's recipients: sent to now (write_loop).
-            for send_now in writes:
-                send_now()
+            close_slice(router, writes)
             if latency is not None:
                 latency.observe(time.perf_counter() - started, counters.msgs_in - routed_before)
 
