@@ -9,6 +9,9 @@ import subprocess
 import tempfile
 import time
 
+import trio
+
+from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.debian import ensure_binary
 
@@ -129,3 +132,29 @@ def cluster_broker(server_id: int, *urls: str, extra: str = "",
         "backoff_initial = 0.05\nbackoff_max = 0.5\nid_probe_timeout = 0.3\n"
         "heartbeat = 0.2\n", args=args, workdir=workdir,
     )
+
+
+async def wait_cluster(client: SkanClient, brokers: int, *, known: bool = False,
+                       timeout: float = 5.0) -> dict:
+    """Until the client's broker has seen ``brokers`` brokers (heartbeats every
+    0.2 s in these tests) and, with ``known``, knows every other one's interest
+    (the blind window after connecting is two heartbeats); its cluster stats."""
+    with trio.fail_after(timeout):
+        while True:
+            cluster = (await client.stats())["cluster"]
+            if cluster["brokers_seen"] == str(brokers) and (
+                    not known or cluster["interest"] == "known"):
+                return cluster
+            await trio.sleep(0.05)
+
+
+async def send_until_received(pub: SkanClient, sub: SkanClient, group: str, text: str, *,
+                              timeout: float, poll: float) -> None:
+    """Publish ``text`` on ``group`` until ``sub`` receives it (a new subscription
+    reaches another broker asynchronously)."""
+    with trio.fail_after(timeout):
+        while True:
+            await pub.send(group, text)
+            with trio.move_on_after(poll):
+                assert (await sub.receive()).msg == text.encode()
+                return

@@ -8,7 +8,12 @@ import pytest
 import trio
 
 from clients.skan import SkanClient
-from tests.cluster.natsproc import NatsCluster, cluster_broker
+from tests.cluster.natsproc import (
+    NatsCluster,
+    cluster_broker,
+    send_until_received,
+    wait_cluster,
+)
 from tests.observability.metrics.httpc import scrape, value
 from wire import nats
 
@@ -55,14 +60,8 @@ async def cluster_stats(client: SkanClient) -> dict:
 
 
 async def wait_known(client: SkanClient, brokers: int) -> None:
-    """Until the broker has seen ``brokers`` and knows every other one's interest
-    (heartbeat 0.2 s in these tests: the blind window after connecting is 0.4 s)."""
-    with trio.fail_after(5):
-        while True:
-            cluster = await cluster_stats(client)
-            if cluster["brokers_seen"] == str(brokers) and cluster["interest"] == "known":
-                return
-            await trio.sleep(0.05)
+    """Until the broker has seen ``brokers`` and knows every other one's interest."""
+    await wait_cluster(client, brokers, known=True)
 
 
 @pytest.mark.trio
@@ -134,12 +133,7 @@ async def test_a_broker_that_joins_later_gets_what_it_subscribes_to():
                 with cluster_broker(2, url) as b:
                     async with SkanClient.connect(*b.skan) as sub:
                         await sub.subscribe("late")
-                        with trio.fail_after(3):
-                            while True:
-                                await pub.send("late", "x")
-                                with trio.move_on_after(0.05):
-                                    assert (await sub.receive()).msg == b"x"
-                                    break
+                        await send_until_received(pub, sub, "late", "x", timeout=3, poll=0.05)
                 # B gone: after three heartbeats A forgets it and withholds again.
                 await trio.sleep(0.8)
                 await wait_known(pub, 1)

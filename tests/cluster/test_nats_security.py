@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
-import trio
 import trustme
 
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
-from tests.cluster.natsproc import NatsCluster
+from tests.cluster.natsproc import NatsCluster, send_until_received
 from tests.cluster.test_brokers import ROOT
 
 
@@ -26,12 +25,7 @@ async def crosses(a: BrokerProcess, b: BrokerProcess) -> None:
     """A message published on a reaches a subscriber on b (through NATS)."""
     async with SkanClient.connect(*a.skan) as pub, SkanClient.connect(*b.skan) as sub:
         await sub.subscribe("sec")
-        with trio.fail_after(10):
-            while True:
-                await pub.send("sec", "over-nats")
-                with trio.move_on_after(0.3):
-                    assert (await sub.receive()).msg == b"over-nats"
-                    return
+        await send_until_received(pub, sub, "sec", "over-nats", timeout=10, poll=0.3)
 
 
 @pytest.mark.trio

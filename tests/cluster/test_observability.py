@@ -7,7 +7,7 @@ import trio
 
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
-from tests.cluster.natsproc import NatsCluster, cluster_broker
+from tests.cluster.natsproc import NatsCluster, cluster_broker, wait_cluster
 from tests.observability.metrics.httpc import scrape, value
 
 CLUSTER_SERIES = (
@@ -22,16 +22,6 @@ CLUSTER_SERIES = (
 )
 
 
-async def _wait_seen(client: SkanClient, count: int) -> dict:
-    """Heartbeats arrive every 0.2 s: until ``count`` brokers are seen."""
-    with trio.fail_after(5):
-        while True:
-            cluster = (await client.stats())["cluster"]
-            if cluster["brokers_seen"] == str(count):
-                return cluster
-            await trio.sleep(0.1)
-
-
 @pytest.mark.trio
 async def test_stats_and_metrics_show_the_cluster():
     with NatsCluster(1) as nats:
@@ -40,7 +30,7 @@ async def test_stats_and_metrics_show_the_cluster():
             async with SkanClient.connect(*a.skan) as pub, SkanClient.connect(*b.skan) as sub:
                 await sub.subscribe("obs")
                 await trio.sleep(0.3)
-                seen = await _wait_seen(pub, 2)
+                seen = await wait_cluster(pub, 2)
                 assert seen["brokers"] == ["1", "2"]
                 assert seen["server_id"] == "1" and seen["up"] == "1" and seen["url"] == url
                 for i in range(25):
