@@ -8,11 +8,9 @@ on/off, routing log on/off) reuse these pieces.
 
 from __future__ import annotations
 
-import gc
 import os
 import pathlib
 import select
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -213,48 +211,6 @@ async def settle(addr: tuple[str, int], quiet: float = 0.5, timeout: float = 30.
                 break
             last = now
     await stream.aclose()
-
-
-async def latency(addr: tuple[str, int], rate: int, seconds: float) -> tuple[float, float, int]:
-    """Send ``rate`` msgs/s (in 1 ms ticks) carrying a timestamp; return p50, p99 (ms), count."""
-    await settle(addr)
-    group = f"latency-{time.monotonic_ns()}"
-    sub = await subscribe(addr, group)
-    pub, lname = await raw_connect(addr)
-    per_tick = max(1, rate // 1000)
-    samples: list[float] = []
-
-    async def receive() -> None:
-        splitter = FrameSplitter(1 << 20)
-        while True:
-            data = await sub.receive_some(1 << 16)
-            now = time.perf_counter_ns()
-            for f in splitter.receive_data(data):
-                sent = int(decode(f[4:])[b"msg"][:20])
-                samples.append((now - sent) / 1e6)
-
-    # The generator's own collector pauses would be measured as broker latency.
-    gc.disable()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(receive)
-        start = trio.current_time()
-        tick = 0
-        while trio.current_time() - start < seconds:
-            tick += 1
-            ts = time.perf_counter_ns()
-            await pub.send_all(b"".join(
-                send_frame(lname, group, str(ts).rjust(20).encode() + b"x" * (PAYLOAD - 20), k)
-                for k in range(per_tick)
-            ))
-            await trio.sleep_until(start + tick / 1000)
-        await trio.sleep(0.2)
-        nursery.cancel_scope.cancel()
-    gc.enable()
-    await sub.aclose()
-    await pub.aclose()
-    samples.sort()
-    q = statistics.quantiles(samples, n=100)
-    return q[49], q[98], len(samples)
 
 
 def _frames_done(data: bytes) -> bool:
