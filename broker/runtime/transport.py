@@ -319,12 +319,17 @@ def open_slice(router: Router) -> list[Callable[[], None]]:
 
 
 def close_slice(router: Router, writes: list[Callable[[], None]]) -> None:
-    """End the routing batch (observers, batched endpoints), then write to the
-    registered recipients directly."""
-    router.end_batch()
+    """End the routing batch: flush batched endpoints, write to the registered
+    recipients directly, and only then hand the batch to the observers (the
+    store, the routing log, metrics, the backplane): their work is off the
+    path from a publisher's read to a subscriber's write."""
+    router.close_batch()
     router.slice_writes = None
-    for send_now in writes:
-        send_now()
+    try:
+        for send_now in writes:
+            send_now()
+    finally:
+        router.hand_over()
 
 
 def _direct_sender(router: Router, sock: trio.socket.SocketType, queue: OutQueue,
