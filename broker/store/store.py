@@ -188,6 +188,11 @@ class Store:
         self._call_soon: Callable[[Callable[[], None]], None] | None = None
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
+        # Whether a report is awaited now (an Eventer connection asked for
+        # persisted notifications).  When not, a commit does not wake the
+        # routing thread just to say so: reports are cumulative ("committed
+        # up to"), so the next one awaited covers everything before it.
+        self.reports_wanted: Callable[[], bool] = lambda: bool(self.on_report)
         self._last_log = -LOG_INTERVAL
         self._last_spool_log = -LOG_INTERVAL
         self._router: Router | None = None  # attach: flush() takes its open batch
@@ -318,6 +323,9 @@ class Store:
             with self._lock:
                 self._commit_queued()
             if self._reports and self._call_soon is not None:
+                if not self.reports_wanted():
+                    self._reports.clear()
+                    continue
                 # RunFinishedError: the trio run has ended, nobody to tell.
                 with contextlib.suppress(Exception):
                     self._call_soon(self.deliver_reports)

@@ -135,6 +135,37 @@ async def test_commits_are_reported_in_order_from_the_writer_thread(tmp_path):
     store.close()
 
 
+async def test_commits_nobody_awaits_do_not_wake_the_routing_thread(tmp_path):
+    store, router, sender = setup(tmp_path)
+    reports, wanted = [], [False]
+    store.on_report.append(lambda upto, ok: reports.append((upto, ok)))
+    store.reports_wanted = lambda: wanted[0]
+    woken = []
+
+    def call_soon(fn):
+        woken.append(fn)
+        trio_token.run_sync_soon(fn)
+
+    trio_token = trio.lowlevel.current_trio_token()
+    store.start(call_soon)
+    route(router, sender, 20)
+    router.hand_over()
+    with trio.fail_after(5):
+        while store.stats.events_written < 20:
+            await trio.sleep(0.01)
+    await trio.sleep(0.05)
+    assert woken == [] and reports == [] and not store._reports  # dropped, not kept
+    # Awaited again: the next commit reports everything up to its last message.
+    wanted[0] = True
+    routed = route(router, sender, 5)
+    last = (routed[-1].session, routed[-1].instance)
+    with trio.fail_after(5):
+        while not reports or reports[-1][0] != last:
+            await trio.sleep(0.01)
+    assert woken and all(ok for _, ok in reports)
+    store.close()
+
+
 def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog):
     store, router, sender = setup(tmp_path)
     reports = []

@@ -72,6 +72,7 @@ class EventerService:
         self.persisted: set[EventerEndpoint] = set()
         if isinstance(self.store, Store):
             self.store.on_report.append(self.on_persisted)
+            self.store.reports_wanted = lambda: bool(self.persisted)
         # Every Eventer recipient of a message gets the same bytes: the last
         # encoding is kept (deliveries of one message are consecutive).
         self._last_routed: Routed | None = None
