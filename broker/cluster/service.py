@@ -31,8 +31,8 @@ from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
 from broker.runtime.config import ClusterSection, nats_address
 from broker.runtime.context import BrokerContext
+from broker.runtime.tls import client_ssl_context
 from broker.runtime.transport import (
-    client_ssl_context,
     close_slice,
     open_slice,
     relieve_congestion,

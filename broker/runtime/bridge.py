@@ -24,7 +24,7 @@ from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
 from broker.runtime.config import BridgeSection
-from broker.runtime.transport import client_ssl_context
+from broker.runtime.tls import client_ssl_context
 from broker.store.spool import BridgeSpool
 from wire.errors import ProtocolError
 

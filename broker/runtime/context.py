@@ -10,7 +10,8 @@ import trio
 
 from broker.core.router import Router
 from broker.runtime.config import Config
-from broker.runtime.transport import ConnectionLimits, Connections, TLSListener
+from broker.runtime.connections import ConnectionLimits, Connections
+from broker.runtime.tls import TLSListener
 
 if TYPE_CHECKING:
     from broker.cluster.service import ClusterLink

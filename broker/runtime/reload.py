@@ -23,7 +23,7 @@ from broker.runtime.config import (
 )
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
-from broker.runtime.transport import server_ssl_context
+from broker.runtime.tls import server_ssl_context
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ import errno
 import logging
 import os
 import socket
-import ssl
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from broker.core.queue import RECV_CHUNK, OutQueue, QueuedEndpoint
-from broker.core.reasons import CloseReason, ErrorKind, Protocol, RefusalReason
+from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Router
+from broker.runtime.connections import Connections
+from broker.runtime.tls import TLSListener, server_ssl_context, tls_handshake
 from clients.common import idle_pinger
 
 if TYPE_CHECKING:
@@ -58,54 +59,6 @@ ACCEPT_RETRY = 0.1
 ACCEPT_LOG_INTERVAL = 10.0
 # Seconds a refused connection gets to receive its refusal before it is closed.
 REFUSAL_SEND_TIMEOUT = 1.0
-
-
-# Seconds a client has to complete the TLS handshake before it is closed,
-# when the listener has no handshake_timeout of its own.
-TLS_HANDSHAKE_TIMEOUT = 10.0
-
-_VERIFY_MODES = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
-                 "require": ssl.CERT_REQUIRED}
-
-
-def server_ssl_context(
-    cert: str, key: str, ca: str | None = None, client_auth: str = "none"
-) -> ssl.SSLContext:
-    """A listener's TLS context; with ``ca``, client certificates it signs are
-    asked for ("optional") or required ("require")."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    if ca is not None:
-        ctx.load_verify_locations(ca)
-    ctx.verify_mode = _VERIFY_MODES[client_auth]
-    return ctx
-
-
-def client_ssl_context(ca: str | None = None, cert: str | None = None,
-                       key: str | None = None) -> ssl.SSLContext:
-    """The TLS context of an outgoing connection (bridges, the NATS backplane):
-    the peer verified against ``ca`` (the system CAs when None), with a client
-    certificate for peers that require one."""
-    ctx = ssl.create_default_context(cafile=ca)
-    if cert is not None:
-        ctx.load_cert_chain(cert, key)
-    return ctx
-
-
-class TLSListener(trio.abc.Listener[trio.SSLStream]):
-    """A TLS listener whose context a configuration reload may replace
-    (new certificates and CAs apply to the next accepted connection)."""
-
-    def __init__(self, transport_listener: trio.abc.Listener, context: ssl.SSLContext) -> None:
-        self.transport_listener = transport_listener
-        self.context = context
-
-    async def accept(self) -> trio.SSLStream:
-        stream = await self.transport_listener.accept()
-        return trio.SSLStream(stream, self.context, server_side=True)
-
-    async def aclose(self) -> None:
-        await self.transport_listener.aclose()
 
 
 async def open_listeners(
@@ -158,109 +111,6 @@ def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
     inner = getattr(listener, "transport_listener", listener)
     host, port = inner.socket.getsockname()[:2]
     return host, port
-
-
-def certificate_name(stream: trio.abc.Stream) -> str | None:
-    """Subject CN of the peer's verified client certificate, or None.
-
-    Only a certificate the handshake verified against the listener's CA is
-    returned by ``getpeercert`` (it is empty otherwise).
-    """
-    if not isinstance(stream, trio.SSLStream):
-        return None
-    cert = stream.getpeercert()
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return value
-    return None
-
-
-async def tls_handshake(stream: trio.abc.Stream, ep: QueuedEndpoint, router: Router,
-                        timeout: float | None = None) -> bool:
-    """Complete a TLS handshake up front (so the certificate is known before
-    the first message) and note the verified certificate's name on ``ep``.
-
-    False when the handshake fails or times out (counted; a failure where a
-    client certificate is required counts as an authentication failure).
-    """
-    if not isinstance(stream, trio.SSLStream):
-        return True
-    try:
-        with trio.fail_after(TLS_HANDSHAKE_TIMEOUT if timeout is None else timeout):
-            await stream.do_handshake()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
-        if stream.context.verify_mode == ssl.CERT_REQUIRED:
-            router.counters.auth_failure(ep.protocol)
-        router.counters.protocol_error(ep.protocol, ErrorKind.TLS_HANDSHAKE)
-        cause = exc.__cause__ or exc
-        log.info("%s %s: TLS handshake failed: %s", ep.protocol, ep.lname.decode(), cause)
-        ep.closing = CloseReason.TLS_HANDSHAKE
-        return False
-    ep.cert_name = certificate_name(stream)
-    return True
-
-
-class AdmissionGate:
-    """Lets components pause reading from every connection (back-pressure).
-
-    Routing is synchronous and must never block, so a component that cannot
-    keep up (the routing log's disk writer) closes the gate instead; every
-    connection's reader checks it before each ``receive_some`` and waits
-    while it is closed, so TCP pushes back on the senders.  Each component
-    closes and opens it under its own name; it is open when nobody holds it
-    closed.  ``waits`` counts the reads that had to wait.  Trio thread only.
-    """
-
-    def __init__(self) -> None:
-        self.closed = False
-        self.waits = 0
-        self._holders: set[str] = set()
-        self._opened = trio.Event()
-        self._opened.set()
-
-    def close(self, holder: str) -> None:
-        self._holders.add(holder)
-        if not self.closed:
-            self.closed = True
-            self._opened = trio.Event()
-
-    def open(self, holder: str) -> None:
-        self._holders.discard(holder)
-        if self.closed and not self._holders:
-            self.closed = False
-            self._opened.set()
-
-    async def wait_open(self) -> None:
-        if self.closed:
-            self.waits += 1
-            await self._opened.wait()
-
-
-class Connections:
-    """Every live connection's stop hook, so a graceful shutdown can drain them all.
-
-    ``gate`` is the admission gate every connection's reader honours.
-    """
-
-    def __init__(self) -> None:
-        self._stops: set[Callable[[], None]] = set()
-        self.gate = AdmissionGate()
-
-    def add(self, stop: Callable[[], None]) -> None:
-        self._stops.add(stop)
-
-    def discard(self, stop: Callable[[], None]) -> None:
-        self._stops.discard(stop)
-
-    def stop_all(self) -> None:
-        for stop in list(self._stops):
-            stop()
-
-    def __len__(self) -> int:
-        return len(self._stops)
 
 
 # ---- the writer loop ----------------------------------------------------------------
@@ -594,34 +444,6 @@ async def run_connection(
 
 
 # ---- accepting ------------------------------------------------------------------------------
-
-
-class ConnectionLimits:
-    """Live connection counts against ``max_connections`` (broker-wide and per listener).
-
-    Counts every accepted client connection of the four protocol listeners
-    (bridges and metrics clients are not counted).
-    """
-
-    def __init__(self, broker_max: int) -> None:
-        self.broker_max = broker_max
-        self.total = 0
-        self.per_listener: dict[str, int] = {}
-
-    def admit(self, protocol: str, listener_max: int | None) -> RefusalReason | None:
-        """Take a slot for a new connection, or say why there is none."""
-        if self.total >= self.broker_max:
-            return RefusalReason.BROKER_LIMIT
-        mine = self.per_listener.get(protocol, 0)
-        if listener_max is not None and mine >= listener_max:
-            return RefusalReason.LISTENER_LIMIT
-        self.total += 1
-        self.per_listener[protocol] = mine + 1
-        return None
-
-    def release(self, protocol: str) -> None:
-        self.total -= 1
-        self.per_listener[protocol] -= 1
 
 
 class AcceptErrorLog:
