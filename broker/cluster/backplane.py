@@ -46,7 +46,7 @@ from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import interest, subjects
+from broker.cluster import inbound, interest, subjects
 from broker.cluster.runs import HEADER_ROOM, RUN_BYTES, STAMP, encode_run, unpack_run
 from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
@@ -57,8 +57,11 @@ from wire.skan import decode_header
 # the router's recipient cache): directed traffic to many lnames must not
 # grow it without bound.
 SUBJECT_CACHE_LIMIT = 65_536
+# Remote senders (one per remote client lname) remembered; cleared when full,
+# for the same reason: clients on other brokers come and go without end.
+SENDER_CACHE_LIMIT = 65_536
 # Field getters, for the C-level pass over a batch (Backplane._one_subject).
-_SENDER = attrgetter("sender")
+_SERVER = attrgetter("server")
 _HEADER_OF = attrgetter("header")
 _FRAME = attrgetter("frame")
 _TIMESTAMP = attrgetter("timestamp")
@@ -68,9 +71,14 @@ _TO = itemgetter(b"to")
 
 
 class RemoteSender(Endpoint):
-    """The sender of a message that arrived over the backplane (never a recipient)."""
+    """The sender of a message that arrived over the backplane (never a recipient):
+    one per remote client lname."""
 
     protocol = "cluster"
+
+    def __init__(self, lname: bytes = b"") -> None:
+        super().__init__()
+        self.lname = lname
 
     def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - never called
         pass
@@ -103,7 +111,7 @@ class Backplane(Endpoint):
         # NATS's max_payload (its INFO; the service sets it per connection).
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
-        self._remote = RemoteSender()
+        self._senders: dict[bytes, RemoteSender] = {}
         # (group, instance, to) -> (subject, directed to another broker's lname)
         self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
         self._in_runs = 0  # messages the last observe() put in runs
@@ -126,12 +134,13 @@ class Backplane(Endpoint):
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: publish, in runs and in one write, the batch's messages
         that did not come from NATS."""
-        remote = self._remote
-        senders = list(map(_SENDER, batch))
-        if remote in senders:
-            if senders.count(remote) == len(senders):
+        own = self.server_id
+        servers = list(map(_SERVER, batch))
+        local = servers.count(own)
+        if local != len(servers):  # some came from NATS: never back out
+            if not local:
                 return
-            batch = [r for r in batch if r.sender is not remote]
+            batch = [r for r in batch if r.server == own]
         wanted = self.remote.wanted
         if wanted is not None and self._unwanted(batch, wanted):
             return
@@ -353,7 +362,14 @@ class Backplane(Endpoint):
             self.duplicates += len(frames)
             return
         self._hwm[server] = (session, first + len(frames) - 1)
-        remote = self._remote
+        found = inbound.run_key(frames)
+        if found is not None:
+            # The common run: one publisher's sends on one routing key.
+            lname, headers, key = found
+            inbound.route_run(self.router, self._sender(lname), frames, headers, key,
+                              (server, session, first), stamps)
+            self.received += len(frames)
+            return
         route = self.router.route
         routed = 0
         for i, frame in enumerate(frames):
@@ -371,11 +387,22 @@ class Backplane(Endpoint):
                 self.count_malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
                                 "without DATA group, instance, to and from")
                 continue
-            remote.lname = sender
-            route(remote, frame, header, origin=(server, session, first + i, stamps[i]),
+            route(self._sender(sender), frame, header,
+                  origin=(server, session, first + i, stamps[i]),
                   key=(group, instance, to, b"repl" in header or b"reply" in header))
             routed += 1
         self.received += routed
+
+    def _sender(self, lname: bytes) -> RemoteSender:
+        """The sender of messages from the remote client ``lname`` (one object per
+        lname: observers such as the routing log key caches on the sender)."""
+        senders = self._senders
+        found = senders.get(lname)
+        if found is None:
+            if len(senders) >= SENDER_CACHE_LIMIT:
+                senders.clear()
+            found = senders[lname] = RemoteSender(lname)
+        return found
 
     def count_malformed(self, reason: str) -> None:
         """Count a message from NATS that could not be used, and report it."""
