@@ -41,7 +41,7 @@ they collect in ``pending`` (the pure tests read them there).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -369,14 +369,20 @@ class Backplane(Endpoint):
             inbound.route_run(self.router, self._sender(lname), frames, headers, key,
                               (server, session, first), stamps)
             self.received += len(frames)
-            return
+        else:
+            self.route_frames(msg.subject, server, session, first, stamps, frames)
+
+    def route_frames(self, subject: bytes, server: int, session: int, first: int,
+                     stamps: Sequence[float], frames: list[bytes]) -> None:
+        """Route a run frame by frame (any run: mixed keys or senders, frames
+        that are not sends), dropping and counting the malformed ones."""
         route = self.router.route
         routed = 0
         for i, frame in enumerate(frames):
             try:
                 header = decode_header(frame, 4)
             except ProtocolError as exc:
-                self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+                self.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
                 continue
             group = header.get(b"group")
             instance = header.get(b"instance")
@@ -384,7 +390,7 @@ class Backplane(Endpoint):
             sender = header.get(b"from")
             if not (type(group) is bytes and type(instance) is bytes
                     and type(to) is bytes and type(sender) is bytes):
-                self.count_malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
+                self.count_malformed(f"{subject.decode(errors='replace')}: routed frame "
                                 "without DATA group, instance, to and from")
                 continue
             route(self._sender(sender), frame, header,
