@@ -42,12 +42,18 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import inbound, interest, subjects
-from broker.cluster.runs import HEADER_ROOM, RUN_BYTES, STAMP, encode_run, unpack_run
+from broker.cluster import inbound, interest, runs, subjects
+from broker.cluster.runs import (
+    HEADER_ROOM,
+    RUN_BYTES,
+    STAMP,
+    encode_run,
+    pack_stamps,
+    unpack_run,
+)
 from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
 from wire.errors import ProtocolError
@@ -60,12 +66,9 @@ SUBJECT_CACHE_LIMIT = 65_536
 # Remote senders (one per remote client lname) remembered; cleared when full,
 # for the same reason: clients on other brokers come and go without end.
 SENDER_CACHE_LIMIT = 65_536
-# Field getters, for the C-level pass over a batch (Backplane._one_subject).
+# Field getters, for C-level passes over a batch (Backplane._unwanted).
 _SERVER = attrgetter("server")
 _HEADER_OF = attrgetter("header")
-_FRAME = attrgetter("frame")
-_TIMESTAMP = attrgetter("timestamp")
-_KEY = itemgetter(b"group", b"instance", b"to")
 _GROUP = itemgetter(b"group")
 _TO = itemgetter(b"to")
 
@@ -134,18 +137,28 @@ class Backplane(Endpoint):
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: publish, in runs and in one write, the batch's messages
         that did not come from NATS."""
-        own = self.server_id
-        servers = list(map(_SERVER, batch))
-        local = servers.count(own)
-        if local != len(servers):  # some came from NATS: never back out
-            if not local:
-                return
-            batch = [r for r in batch if r.server == own]
         wanted = self.remote.wanted
-        if wanted is not None and self._unwanted(batch, wanted):
-            return
         parts: list[bytes] = []
-        if not self._one_subject(batch, parts, wanted):
+        found = runs.batch_key(batch, self.server_id)
+        if found is not None:
+            # The common batch (one C pass over it): this broker's messages on
+            # one subject; withheld, or one run when consecutive.
+            subject, away = self._subject(found[:3])
+            if wanted is not None and not away and found[0] not in wanted:
+                self.withheld += len(batch)
+                return
+            if not (found[3] and self._one_run(batch, subject, parts)):
+                self._runs(batch, parts, wanted)
+        else:
+            own = self.server_id
+            servers = list(map(_SERVER, batch))
+            local = servers.count(own)
+            if local != len(servers):  # some came from NATS: never back out
+                if local:
+                    self.observe([r for r in batch if r.server == own])
+                return
+            if wanted is not None and self._unwanted(batch, wanted):
+                return
             self._runs(batch, parts, wanted)
         if parts:
             sent = self._in_runs
@@ -155,9 +168,9 @@ class Backplane(Endpoint):
                 self.drops += sent
 
     def _unwanted(self, batch: list[Routed], wanted: set[bytes]) -> bool:
-        """The common local batch, in C-level calls and no allocation per message:
-        broadcasts on one group no other broker wants (counted in ``withheld``).
-        False (nothing done) for any other batch."""
+        """A local batch of several subjects, in C-level calls and no allocation
+        per message: broadcasts on one group no other broker wants (counted in
+        ``withheld``).  False (nothing done) for any other batch."""
         headers = list(map(_HEADER_OF, batch))
         groups = list(map(_GROUP, headers))
         group, n = groups[0], len(groups)
@@ -166,32 +179,20 @@ class Backplane(Endpoint):
         self.withheld += n
         return True
 
-    def _one_subject(self, batch: list[Routed], parts: list[bytes],
-                     wanted: set[bytes] | None) -> bool:
-        """The common batch, in C-level calls: one publisher's consecutive messages
-        on one (group, instance, to).  False (nothing done) for any other batch."""
-        keys = list(map(_KEY, map(_HEADER_OF, batch)))
-        head, last, n = batch[0], batch[-1], len(batch)
-        if (keys.count(keys[0]) != n or last.session != head.session
-                or last.instance - head.instance != n - 1):
+    def _one_run(self, batch: list[Routed], subject: bytes, parts: list[bytes]) -> bool:
+        """A batch that is one run of one subject (one session, consecutive
+        instances: one publisher's read), cut at RUN_BYTES.  False (nothing
+        done) when a frame is too large for NATS: the general path drops it."""
+        frames, ends, stamps, largest = runs.run_parts(batch)
+        if largest > self.max_payload - HEADER_ROOM - STAMP:
             return False
-        subject, away = self._subject(keys[0])
-        if wanted is not None and not away and keys[0][0] not in wanted:
-            self.withheld += n
-            self._in_runs = 0
-            return True
-        frames = list(map(_FRAME, batch))
-        lens = list(map(len, frames))
-        if max(lens) > self.max_payload - HEADER_ROOM - STAMP:
-            return False  # the general path drops it
-        stamps = list(map(_TIMESTAMP, batch))
-        ends = list(accumulate(map(STAMP.__add__, lens)))  # payload bytes up to each message
+        head, n = batch[0], len(batch)
         server, session, first = head.server, head.session, head.instance
         i = done = 0
         while i < n:
-            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)
-            parts += encode_run(subject, server, session, first + i, stamps[i:j], frames[i:j],
-                                ends[j - 1] - done)
+            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)  # ends: payload bytes so far
+            parts += encode_run(subject, server, session, first + i, stamps[STAMP * i:STAMP * j],
+                                frames[i:j], ends[j - 1] - done)
             done = ends[j - 1]
             i = j
         self._in_runs = n
@@ -229,7 +230,8 @@ class Backplane(Endpoint):
             if (subj != subject or routed.instance != nxt or routed.session != session
                     or routed.server != server or size + n > RUN_BYTES):
                 if frames:
-                    parts += encode_run(subject, server, session, first, stamps, frames, size)
+                    parts += encode_run(subject, server, session, first, pack_stamps(stamps),
+                                        frames, size)
                     sent += len(frames)
                     frames = []
                     stamps = []
@@ -243,7 +245,7 @@ class Backplane(Endpoint):
             nxt += 1
             size += n
         if frames:
-            parts += encode_run(subject, server, session, first, stamps, frames, size)
+            parts += encode_run(subject, server, session, first, pack_stamps(stamps), frames, size)
             sent += len(frames)
         self._in_runs = sent
         self.withheld += withheld
