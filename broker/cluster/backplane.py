@@ -369,7 +369,7 @@ class Backplane(Endpoint):
             # The common run: one publisher's sends on one routing key.
             lname, headers, key = found
             inbound.route_run(self.router, self._sender(lname), frames, headers, key,
-                              (server, session, first), stamps)
+                              (server, session, first), stamps, skip=self.observe)
             self.received += len(frames)
         else:
             self.route_frames(msg.subject, server, session, first, stamps, frames)

@@ -15,7 +15,8 @@ through the router's public surface: the cached recipient set
 (:meth:`Router.recipients`), each recipient's ``deliver``, the counters and
 the per-group statistics.  The run's ``Routed`` messages go to
 ``router.observers`` right away, as one list (after :meth:`Router.hand_over`
-of what the batch routed before, so observers keep routing order), and
+of what the batch routed before, so observers keep routing order; the
+backplane, which would only find them not to be its own, is skipped), and
 never to ``local_observers``: they did not enter this broker.  Batched
 endpoints (Eventer, Mariner) are flushed at the end of the run.
 """
@@ -60,10 +61,13 @@ def run_key(frames: Sequence[bytes], decode: Decoder = decode_send
 
 def route_run(router: Router, sender: Endpoint, frames: list[bytes],
               headers: list[dict[bytes, Any]], key: RouteKey,
-              origin: tuple[int, int, int], stamps: Sequence[float]) -> list[Routed]:
+              origin: tuple[int, int, int], stamps: Sequence[float],
+              skip: Callable[[list[Routed]], None] | None = None) -> list[Routed]:
     """Route ``frames`` (one routing key ``key``, decoded ``headers``) to this
     broker's endpoints, with EventIds (server, session, first + i) from
-    ``origin`` = (server, session, first) and the origin's timestamps."""
+    ``origin`` = (server, session, first) and the origin's timestamps.
+    ``skip``: an observer not to give the run (the backplane, which never
+    sends back out what NATS brought)."""
     recips = router.recipients(*key)
     n = len(frames)
     server, session, first = origin
@@ -96,7 +100,8 @@ def route_run(router: Router, sender: Endpoint, frames: list[bytes],
         gs[1] += n * delivered
     router.hand_over()  # what this batch routed before the run, first
     for observer in router.observers:
-        observer(routed)
+        if observer != skip:  # bound methods: equal, not identical
+            observer(routed)
     for ep in batched:
         if not ep.closed:
             ep.flush()
