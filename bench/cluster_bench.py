@@ -18,7 +18,8 @@ brokers plus nats-server; on a shared machine they move less than rates do.
     python -m bench.cluster_bench --in-process [--before ../old-checkout]
 
 ``--before`` runs the same rows from another source tree, interleaved round
-by round (each tree's rows against its own single broker).  ``--visibility``
+by round, the trees in alternating order (each tree's rows against its own
+single broker).  ``--visibility``
 measures how long a subscription made on broker B takes to receive the
 messages a publisher on broker A sends every 0.5 ms (from B confirming the
 subscribe to the first message), through one NATS server or, with
@@ -161,7 +162,9 @@ async def main(seconds: float, trees: dict[str, pathlib.Path], rounds: int) -> N
     print(f"{'round':<6}{'tree':<8}{'mode':<8}{'scenario':<8}{'deliveries/s':>16}"
           f"{'vs single':>12}{'brokers us/msg':>16}{'+nats us/msg':>14}")
     for i in range(rounds):
-        for tree, root in trees.items():
+        # Alternate which tree goes first: the machine's state drifts within a round.
+        order = list(trees.items())[::-1 if i % 2 else 1]
+        for tree, root in order:
             rows = await tree_rows(tree, root, seconds)
             ref = {r.result.scenario: r.result.deliveries_per_s
                    for r in rows if r.mode == "single"}
