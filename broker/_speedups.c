@@ -444,10 +444,15 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1]))
         return not_here();
-    PyObject *batch = args[0], *server = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(batch);
+    PyObject *server = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
     if (n == 0)
         return not_here(); /* the reference raises IndexError */
+    /* A copy holds the messages: a comparison (Python code, for a server that
+     * is not an int) cannot free one by changing the caller's list. */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n);
+    if (batch == NULL)
+        return NULL;
     PyObject *key[3] = {NULL, NULL, NULL};
     PyObject *const tags[3] = {t_group, t_instance, t_to};
     PyObject *result = NULL;
@@ -488,7 +493,9 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (i == 0) {
                 key[k] = Py_NewRef(v);
             } else if (!differs) {
+                Py_INCREF(v); /* held through a comparison that may run Python code */
                 eq = same_bytes(v, key[k]);
+                Py_DECREF(v);
                 if (eq < 0) {
                     Py_DECREF(h);
                     goto done;
@@ -522,6 +529,7 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     for (int k = 0; k < 3; k++)
         Py_XDECREF(key[k]);
+    Py_DECREF(batch);
     return result;
 }
 
@@ -536,10 +544,12 @@ run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #if PY_BIG_ENDIAN
     return not_here(); /* the stamps travel little-endian: the reference packs them */
 #else
-    PyObject *batch = args[0];
-    Py_ssize_t n = PyList_GET_SIZE(batch);
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
     if (n == 0 || n > PY_SSIZE_T_MAX / 8)
         return not_here(); /* the reference raises on an empty batch */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n); /* holds the messages (see batch_key) */
+    if (batch == NULL)
+        return NULL;
     PyObject *frames = PyList_New(n), *ends = PyList_New(n);
     PyObject *stamps = PyBytes_FromStringAndSize(NULL, n * 8);
     if (frames == NULL || ends == NULL || stamps == NULL)
@@ -573,13 +583,16 @@ run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(t);
         memcpy(out + 8 * i, &d, 8);
     }
+    Py_DECREF(batch);
     return Py_BuildValue("(NNNn)", frames, ends, stamps, largest);
 declined:
+    Py_DECREF(batch);
     Py_DECREF(frames);
     Py_DECREF(ends);
     Py_DECREF(stamps);
     return not_here();
 error:
+    Py_DECREF(batch);
     Py_XDECREF(frames);
     Py_XDECREF(ends);
     Py_XDECREF(stamps);

@@ -118,6 +118,28 @@ def test_what_they_do_not_handle_is_left_to_the_reference():
     assert runs._run_parts_c(()) is NotImplemented
 
 
+@needs_c
+def test_a_batch_changed_during_the_scan_is_not_read_freed():
+    """A server whose comparison empties the caller's list: the C loop reads its
+    own copy.  (Reading the caller's list instead, it met freed messages: an
+    AttributeError from a cleared one, or worse.)"""
+    messages = [{"key": (b"g", b"1", b"*"), "server": OWN, "session": 7, "step": 1,
+                 "size": 10, "stamp": 1.0, "odd": None}] * 50
+    batch = build(messages, 0)
+
+    class Clearing(int):
+        def __eq__(self, other: object) -> bool:
+            batch.clear()
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    for r in batch:
+        r.server = Clearing(OWN)
+    assert runs._batch_key_c(batch, OWN) == (b"g", b"1", b"*", True)
+    assert batch == []
+
+
 def test_batch_key_and_run_parts_on_a_plain_run():
     messages = [{"key": (b"g", b"1", b"*"), "server": OWN, "session": 7, "step": 1,
                  "size": 10 * i, "stamp": 1.5 + i, "odd": None} for i in range(3)]
