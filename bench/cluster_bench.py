@@ -15,21 +15,31 @@ brokers plus nats-server; on a shared machine they move less than rates do.
     python -m bench.cluster_bench [--seconds 5]
     python -m bench.cluster_bench --before ../old-checkout [--rounds 2]
     python -m bench.cluster_bench --visibility [--nodes 3] [--before ../old-checkout]
+    python -m bench.cluster_bench --in-process [--before ../old-checkout]
 
 ``--before`` runs the same rows from another source tree, interleaved round
-by round (each tree's rows against its own single broker).  ``--visibility``
+by round, the trees in alternating order (each tree's rows against its own
+single broker).  ``--visibility``
 measures how long a subscription made on broker B takes to receive the
 messages a publisher on broker A sends every 0.5 ms (from B confirming the
 subscribe to the first message), through one NATS server or, with
 ``--nodes 3``, with A and B on different nodes of a three-node NATS cluster.
+``--in-process`` times, without sockets, the CPU per message of a 1->1
+crossing's pieces (:func:`in_process`): the single broker's routing
+with its store, the publishing broker's backplane observer (published and
+withheld), and the receiving broker's whole path for the runs it produced.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -152,7 +162,9 @@ async def main(seconds: float, trees: dict[str, pathlib.Path], rounds: int) -> N
     print(f"{'round':<6}{'tree':<8}{'mode':<8}{'scenario':<8}{'deliveries/s':>16}"
           f"{'vs single':>12}{'brokers us/msg':>16}{'+nats us/msg':>14}")
     for i in range(rounds):
-        for tree, root in trees.items():
+        # Alternate which tree goes first: the machine's state drifts within a round.
+        order = list(trees.items())[::-1 if i % 2 else 1]
+        for tree, root in order:
             rows = await tree_rows(tree, root, seconds)
             ref = {r.result.scenario: r.result.deliveries_per_s
                    for r in rows if r.mode == "single"}
@@ -211,6 +223,104 @@ async def visibility(trees: dict[str, pathlib.Path], nodes: int) -> None:
         print("load average:", f.read().strip())
 
 
+# Chunks routed per timing, and timings per figure (the best is kept).
+IN_PROCESS_CHUNKS = 20
+IN_PROCESS_REPEATS = 7
+
+
+def in_process(tree: str) -> None:
+    """CPU ns per message, in process: a single broker's 1->1 routing (store on),
+    the publishing broker's backplane observer, the receiving broker's path."""
+    import tempfile
+
+    from bench.onoff import fan_out, route_chunk
+    from broker.cluster.backplane import Backplane
+    from broker.core.router import Router
+    from broker.protocols.skan.listener import SkanEndpoint
+    from broker.store import Store
+    from tests.cluster.fakenats import parse_commands
+    from wire import nats
+    from wire.skan import encode_frame
+
+    def router(server_id: int) -> tuple[Router, Callable[[], None]]:
+        r = Router(server_id=server_id)
+        store = Store(tempfile.mkdtemp(prefix="cluster-bench-"), size=100_000, max_bytes=0,
+                      max_age=0.0, flush_interval=0.0)
+        store.attach(r)
+        r.group_stats = {}
+
+        def commit() -> None:
+            with store._lock:
+                store._commit_queued()
+        return r, commit
+
+    def per_message(step: Callable[[], None], n: int) -> float:
+        start = time.thread_time()
+        for _ in range(IN_PROCESS_CHUNKS):
+            step()
+        return (time.thread_time() - start) / (IN_PROCESS_CHUNKS * n) * 1e9
+
+    single, single_commit = router(0)
+    s_pub, s_subs, chunk, n = fan_out(single, 1)
+
+    def single_step() -> None:
+        s_subs[0].queue.take_all()
+        route_chunk(single, s_pub, chunk)
+        single_commit()
+
+    # Broker A: its publisher's batches, observed by the backplane alone.
+    a = Router(server_id=1)
+    batches: list = []
+    a.observers.append(batches.append)
+    bp_a = Backplane(a, 1)
+    a.observers.remove(bp_a.observe)
+    a_pub, _, a_chunk, _ = fan_out(a, 0)
+    route_chunk(a, a_pub, a_chunk)
+
+    def observe(wanted: set[bytes]) -> Callable[[], None]:
+        def step() -> None:
+            bp_a.remote.wanted = wanted
+            for batch in batches:
+                bp_a.observe(batch)
+            bp_a.pending.clear()
+        return step
+
+    bp_a.pending.clear()
+    bp_a.remote.wanted = {b"bench"}
+    for batch in batches:
+        bp_a.observe(batch)
+    msgs = [nats.Msg(args[0], b"1", None, body[int(args[-2]):], body[:int(args[-2])])
+            for op, args, body in parse_commands(b"".join(bp_a.pending)) if op == b"HPUB"]
+    sent = sum(map(len, batches))
+
+    # Broker B: one subscriber, receiving A's runs (one routing batch per chunk).
+    b, b_commit = router(2)
+    bp_b = Backplane(b, 2)
+    sub = SkanEndpoint(b, 1 << 30, "drop", 8 << 20)
+    b.attach(sub)
+    sub.on_bytes(encode_frame({"type": "getlname"}))
+    sub.on_bytes(encode_frame({"type": "subscribe", "group": "bench", "instance": "*"}))
+
+    def receive() -> None:
+        bp_b._hwm.clear()  # the same runs again: not duplicates
+        sub.queue.take_all()
+        for msg in msgs:
+            bp_b.receive(msg)
+        b.end_batch()
+        b_commit()
+
+    timers = {"single 1->1 routing": (single_step, n),
+              "A observer, published": (observe({b"bench"}), sent),
+              "A observer, withheld": (observe(set()), sent),
+              "B receiving, whole path": (receive, sent)}
+    best = dict.fromkeys(timers, float("inf"))
+    for _ in range(IN_PROCESS_REPEATS):
+        for name, (step, count) in timers.items():
+            best[name] = min(best[name], per_message(step, count))
+    print(f"{tree:<8}" + "  ".join(f"{name} {ns:,.0f}" for name, ns in best.items())
+          + " (ns/msg)", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -219,11 +329,21 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--visibility", action="store_true")
     parser.add_argument("--nodes", type=int, default=1, help="NATS nodes for --visibility")
+    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--in-process-child", metavar="TREE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     trees = {"this": ROOT}
     if args.before is not None:
         trees["before"] = args.before.resolve()
-    if args.visibility:
+    if args.in_process_child:
+        in_process(args.in_process_child)
+    elif args.in_process:
+        # This file, run against each tree's modules (PYTHONPATH), in turn.
+        for _ in range(args.rounds):
+            for tree, root in trees.items():
+                subprocess.run([sys.executable, __file__, "--in-process-child", tree],
+                               cwd=root, check=True, env={**os.environ, "PYTHONPATH": str(root)})
+    elif args.visibility:
         trio.run(visibility, trees, args.nodes)
     else:
         trio.run(main, args.seconds, trees, args.rounds)

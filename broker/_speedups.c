@@ -15,6 +15,15 @@
  * router's, a header that is not a dict, a non-float timestamp) makes it
  * return NotImplemented, and the caller runs the reference instead.
  *
+ * batch_key and run_parts: what the cluster backplane of the publishing
+ * broker reads of a routing batch (broker/cluster/runs.py: batch_key_py
+ * and run_parts_py are the references; tests/cluster/test_run_speedups.py
+ * compares them on random batches).  batch_key returns the one routing
+ * subject of a batch of this broker's messages (or None), run_parts the
+ * frames, cumulative payload sizes and packed timestamps of a batch that
+ * is one run.  Both return NotImplemented for anything the reference would
+ * raise on or that they do not expect (then the reference runs).
+ *
  * Memory safety: only objects of the batch are read, through the C API
  * (no raw offsets into Python objects); every buffer is sized before it is
  * written; sizes are Py_ssize_t sums checked against MAX_RUN_BYTES
@@ -29,6 +38,7 @@
 /* Interned attribute names and header tags (module init). */
 static PyObject *s_header, *s_frame, *s_timestamp, *s_delivered, *s_session, *s_instance;
 static PyObject *t_group, *t_instance, *t_seq, *s_sender, *s_recipients;
+static PyObject *s_server, *t_to;
 
 /* A borrowed-free getter: new reference or NULL (error set). */
 static PyObject *
@@ -420,10 +430,186 @@ error:
     return NULL;
 }
 
+/* batch_key(batch, server) -> (group, instance, to, one_run), None or NotImplemented.
+ *
+ * The reference (batch_key_py) first compares every message's server with
+ * ``server`` (None on a difference), then takes every header's group,
+ * instance and to (raising on a missing one), then compares the keys (None
+ * on a difference).  This loop does the same in one pass: a server
+ * difference ends it with None; after a key difference it goes on checking
+ * servers and that every key is present, so it answers None exactly when
+ * the reference does, and NotImplemented where the reference would raise. */
+static PyObject *
+batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1]))
+        return not_here();
+    PyObject *server = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (n == 0)
+        return not_here(); /* the reference raises IndexError */
+    /* A copy holds the messages: a comparison (Python code, for a server that
+     * is not an int) cannot free one by changing the caller's list. */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n);
+    if (batch == NULL)
+        return NULL;
+    PyObject *key[3] = {NULL, NULL, NULL};
+    PyObject *const tags[3] = {t_group, t_instance, t_to};
+    PyObject *result = NULL;
+    int differs = 0, raises = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *s = attr(r, s_server);
+        if (s == NULL)
+            goto done;
+        int eq = s == server ? 1 : PyObject_RichCompareBool(s, server, Py_EQ);
+        Py_DECREF(s);
+        if (eq < 0)
+            goto done;
+        if (eq == 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (raises)
+            continue; /* only a server difference can still change the answer */
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto done;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            raises = 1;
+            continue;
+        }
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyDict_GetItemWithError(h, tags[k]); /* borrowed */
+            if (v == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(h);
+                    goto done;
+                }
+                raises = 1;
+                break;
+            }
+            if (i == 0) {
+                key[k] = Py_NewRef(v);
+            } else if (!differs) {
+                Py_INCREF(v); /* held through a comparison that may run Python code */
+                eq = same_bytes(v, key[k]);
+                Py_DECREF(v);
+                if (eq < 0) {
+                    Py_DECREF(h);
+                    goto done;
+                }
+                differs = !eq;
+            }
+        }
+        Py_DECREF(h);
+    }
+    if (raises) {
+        result = not_here();
+        goto done;
+    }
+    if (differs) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    long long s0, first, s1, last;
+    int rc;
+    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
+    if ((rc = long_of(head, s_session, &s0)) || (rc = long_of(head, s_instance, &first))
+        || (rc = long_of(tail, s_session, &s1)) || (rc = long_of(tail, s_instance, &last))) {
+        result = rc < 0 ? NULL : not_here();
+        goto done;
+    }
+    /* last - first == n - 1 without signed overflow. */
+    int one_run = s0 == s1 && last >= first
+                  && (unsigned long long)last - (unsigned long long)first
+                         == (unsigned long long)(n - 1);
+    result = PyTuple_Pack(4, key[0], key[1], key[2], one_run ? Py_True : Py_False);
+done:
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(key[k]);
+    Py_DECREF(batch);
+    return result;
+}
+
+/* run_parts(batch) -> (frames, ends, stamps, largest) or NotImplemented; see
+ * run_parts_py.  Frames must be bytes and timestamps floats (else the
+ * reference runs); the stamps are the doubles' bytes, little-endian. */
+static PyObject *
+run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_CheckExact(args[0]))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* the stamps travel little-endian: the reference packs them */
+#else
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (n == 0 || n > PY_SSIZE_T_MAX / 8)
+        return not_here(); /* the reference raises on an empty batch */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n); /* holds the messages (see batch_key) */
+    if (batch == NULL)
+        return NULL;
+    PyObject *frames = PyList_New(n), *ends = PyList_New(n);
+    PyObject *stamps = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (frames == NULL || ends == NULL || stamps == NULL)
+        goto error;
+    char *out = PyBytes_AS_STRING(stamps);
+    Py_ssize_t total = 0, largest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        PyList_SET_ITEM(frames, i, f); /* the list owns it (NULL items are freed safely) */
+        if (!PyBytes_CheckExact(f))
+            goto declined;
+        Py_ssize_t size = PyBytes_GET_SIZE(f);
+        if (size > largest)
+            largest = size;
+        total += size + 8; /* frames in memory: their sum cannot near PY_SSIZE_T_MAX */
+        PyObject *end = PyLong_FromSsize_t(total);
+        if (end == NULL)
+            goto error;
+        PyList_SET_ITEM(ends, i, end);
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            goto declined;
+        }
+        double d = PyFloat_AS_DOUBLE(t);
+        Py_DECREF(t);
+        memcpy(out + 8 * i, &d, 8);
+    }
+    Py_DECREF(batch);
+    return Py_BuildValue("(NNNn)", frames, ends, stamps, largest);
+declined:
+    Py_DECREF(batch);
+    Py_DECREF(frames);
+    Py_DECREF(ends);
+    Py_DECREF(stamps);
+    return not_here();
+error:
+    Py_DECREF(batch);
+    Py_XDECREF(frames);
+    Py_XDECREF(ends);
+    Py_XDECREF(stamps);
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
      "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
      "left to Python (see broker/observability/routelog/record.py)."},
+    {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
+     "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
+     "(see broker/cluster/runs.py)."},
+    {"run_parts", (PyCFunction)(void (*)(void))run_parts, METH_FASTCALL,
+     "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
+     "(see broker/cluster/runs.py)."},
     {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
      "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
      "one-run batch, None, or NotImplemented (see broker/store/runs.py)."},
@@ -449,7 +635,9 @@ PyInit__speedups(void)
         || !(t_instance = PyBytes_FromString("instance"))
         || !(t_seq = PyBytes_FromString("seq"))
         || !(s_sender = PyUnicode_InternFromString("sender"))
-        || !(s_recipients = PyUnicode_InternFromString("recipients")))
+        || !(s_recipients = PyUnicode_InternFromString("recipients"))
+        || !(s_server = PyUnicode_InternFromString("server"))
+        || !(t_to = PyBytes_FromString("to")))
         return NULL;
     return PyModule_Create(&module);
 }

@@ -41,13 +41,19 @@ they collect in ``pending`` (the pure tests read them there).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
-from itertools import accumulate
+from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import interest, subjects
-from broker.cluster.runs import HEADER_ROOM, RUN_BYTES, STAMP, encode_run, unpack_run
+from broker.cluster import inbound, interest, runs, subjects
+from broker.cluster.runs import (
+    HEADER_ROOM,
+    RUN_BYTES,
+    STAMP,
+    encode_run,
+    pack_stamps,
+    unpack_run,
+)
 from broker.core.router import STAR, Endpoint, Routed, Router
 from wire import nats
 from wire.errors import ProtocolError
@@ -57,20 +63,25 @@ from wire.skan import decode_header
 # the router's recipient cache): directed traffic to many lnames must not
 # grow it without bound.
 SUBJECT_CACHE_LIMIT = 65_536
-# Field getters, for the C-level pass over a batch (Backplane._one_subject).
-_SENDER = attrgetter("sender")
+# Remote senders (one per remote client lname) remembered; cleared when full,
+# for the same reason: clients on other brokers come and go without end.
+SENDER_CACHE_LIMIT = 65_536
+# Field getters, for C-level passes over a batch (Backplane._unwanted).
+_SERVER = attrgetter("server")
 _HEADER_OF = attrgetter("header")
-_FRAME = attrgetter("frame")
-_TIMESTAMP = attrgetter("timestamp")
-_KEY = itemgetter(b"group", b"instance", b"to")
 _GROUP = itemgetter(b"group")
 _TO = itemgetter(b"to")
 
 
 class RemoteSender(Endpoint):
-    """The sender of a message that arrived over the backplane (never a recipient)."""
+    """The sender of a message that arrived over the backplane (never a recipient):
+    one per remote client lname."""
 
     protocol = "cluster"
+
+    def __init__(self, lname: bytes = b"") -> None:
+        super().__init__()
+        self.lname = lname
 
     def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - never called
         pass
@@ -103,7 +114,7 @@ class Backplane(Endpoint):
         # NATS's max_payload (its INFO; the service sets it per connection).
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
-        self._remote = RemoteSender()
+        self._senders: dict[bytes, RemoteSender] = {}
         # (group, instance, to) -> (subject, directed to another broker's lname)
         self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
         self._in_runs = 0  # messages the last observe() put in runs
@@ -126,17 +137,28 @@ class Backplane(Endpoint):
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: publish, in runs and in one write, the batch's messages
         that did not come from NATS."""
-        remote = self._remote
-        senders = list(map(_SENDER, batch))
-        if remote in senders:
-            if senders.count(remote) == len(senders):
-                return
-            batch = [r for r in batch if r.sender is not remote]
         wanted = self.remote.wanted
-        if wanted is not None and self._unwanted(batch, wanted):
-            return
         parts: list[bytes] = []
-        if not self._one_subject(batch, parts, wanted):
+        found = runs.batch_key(batch, self.server_id)
+        if found is not None:
+            # The common batch (one C pass over it): this broker's messages on
+            # one subject; withheld, or one run when consecutive.
+            subject, away = self._subject(found[:3])
+            if wanted is not None and not away and found[0] not in wanted:
+                self.withheld += len(batch)
+                return
+            if not (found[3] and self._one_run(batch, subject, parts)):
+                self._runs(batch, parts, wanted)
+        else:
+            own = self.server_id
+            servers = list(map(_SERVER, batch))
+            local = servers.count(own)
+            if local != len(servers):  # some came from NATS: never back out
+                if local:
+                    self.observe([r for r in batch if r.server == own])
+                return
+            if wanted is not None and self._unwanted(batch, wanted):
+                return
             self._runs(batch, parts, wanted)
         if parts:
             sent = self._in_runs
@@ -146,9 +168,9 @@ class Backplane(Endpoint):
                 self.drops += sent
 
     def _unwanted(self, batch: list[Routed], wanted: set[bytes]) -> bool:
-        """The common local batch, in C-level calls and no allocation per message:
-        broadcasts on one group no other broker wants (counted in ``withheld``).
-        False (nothing done) for any other batch."""
+        """A local batch of several subjects, in C-level calls and no allocation
+        per message: broadcasts on one group no other broker wants (counted in
+        ``withheld``).  False (nothing done) for any other batch."""
         headers = list(map(_HEADER_OF, batch))
         groups = list(map(_GROUP, headers))
         group, n = groups[0], len(groups)
@@ -157,32 +179,20 @@ class Backplane(Endpoint):
         self.withheld += n
         return True
 
-    def _one_subject(self, batch: list[Routed], parts: list[bytes],
-                     wanted: set[bytes] | None) -> bool:
-        """The common batch, in C-level calls: one publisher's consecutive messages
-        on one (group, instance, to).  False (nothing done) for any other batch."""
-        keys = list(map(_KEY, map(_HEADER_OF, batch)))
-        head, last, n = batch[0], batch[-1], len(batch)
-        if (keys.count(keys[0]) != n or last.session != head.session
-                or last.instance - head.instance != n - 1):
+    def _one_run(self, batch: list[Routed], subject: bytes, parts: list[bytes]) -> bool:
+        """A batch that is one run of one subject (one session, consecutive
+        instances: one publisher's read), cut at RUN_BYTES.  False (nothing
+        done) when a frame is too large for NATS: the general path drops it."""
+        frames, ends, stamps, largest = runs.run_parts(batch)
+        if largest > self.max_payload - HEADER_ROOM - STAMP:
             return False
-        subject, away = self._subject(keys[0])
-        if wanted is not None and not away and keys[0][0] not in wanted:
-            self.withheld += n
-            self._in_runs = 0
-            return True
-        frames = list(map(_FRAME, batch))
-        lens = list(map(len, frames))
-        if max(lens) > self.max_payload - HEADER_ROOM - STAMP:
-            return False  # the general path drops it
-        stamps = list(map(_TIMESTAMP, batch))
-        ends = list(accumulate(map(STAMP.__add__, lens)))  # payload bytes up to each message
+        head, n = batch[0], len(batch)
         server, session, first = head.server, head.session, head.instance
         i = done = 0
         while i < n:
-            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)
-            parts += encode_run(subject, server, session, first + i, stamps[i:j], frames[i:j],
-                                ends[j - 1] - done)
+            j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)  # ends: payload bytes so far
+            parts += encode_run(subject, server, session, first + i, stamps[STAMP * i:STAMP * j],
+                                frames[i:j], ends[j - 1] - done)
             done = ends[j - 1]
             i = j
         self._in_runs = n
@@ -220,7 +230,8 @@ class Backplane(Endpoint):
             if (subj != subject or routed.instance != nxt or routed.session != session
                     or routed.server != server or size + n > RUN_BYTES):
                 if frames:
-                    parts += encode_run(subject, server, session, first, stamps, frames, size)
+                    parts += encode_run(subject, server, session, first, pack_stamps(stamps),
+                                        frames, size)
                     sent += len(frames)
                     frames = []
                     stamps = []
@@ -234,7 +245,7 @@ class Backplane(Endpoint):
             nxt += 1
             size += n
         if frames:
-            parts += encode_run(subject, server, session, first, stamps, frames, size)
+            parts += encode_run(subject, server, session, first, pack_stamps(stamps), frames, size)
             sent += len(frames)
         self._in_runs = sent
         self.withheld += withheld
@@ -353,14 +364,27 @@ class Backplane(Endpoint):
             self.duplicates += len(frames)
             return
         self._hwm[server] = (session, first + len(frames) - 1)
-        remote = self._remote
+        found = inbound.run_key(frames)
+        if found is not None:
+            # The common run: one publisher's sends on one routing key.
+            lname, headers, key = found
+            inbound.route_run(self.router, self._sender(lname), frames, headers, key,
+                              (server, session, first), stamps, skip=self.observe)
+            self.received += len(frames)
+        else:
+            self.route_frames(msg.subject, server, session, first, stamps, frames)
+
+    def route_frames(self, subject: bytes, server: int, session: int, first: int,
+                     stamps: Sequence[float], frames: list[bytes]) -> None:
+        """Route a run frame by frame (any run: mixed keys or senders, frames
+        that are not sends), dropping and counting the malformed ones."""
         route = self.router.route
         routed = 0
         for i, frame in enumerate(frames):
             try:
                 header = decode_header(frame, 4)
             except ProtocolError as exc:
-                self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+                self.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
                 continue
             group = header.get(b"group")
             instance = header.get(b"instance")
@@ -368,14 +392,25 @@ class Backplane(Endpoint):
             sender = header.get(b"from")
             if not (type(group) is bytes and type(instance) is bytes
                     and type(to) is bytes and type(sender) is bytes):
-                self.count_malformed(f"{msg.subject.decode(errors='replace')}: routed frame "
+                self.count_malformed(f"{subject.decode(errors='replace')}: routed frame "
                                 "without DATA group, instance, to and from")
                 continue
-            remote.lname = sender
-            route(remote, frame, header, origin=(server, session, first + i, stamps[i]),
+            route(self._sender(sender), frame, header,
+                  origin=(server, session, first + i, stamps[i]),
                   key=(group, instance, to, b"repl" in header or b"reply" in header))
             routed += 1
         self.received += routed
+
+    def _sender(self, lname: bytes) -> RemoteSender:
+        """The sender of messages from the remote client ``lname`` (one object per
+        lname: observers such as the routing log key caches on the sender)."""
+        senders = self._senders
+        found = senders.get(lname)
+        if found is None:
+            if len(senders) >= SENDER_CACHE_LIMIT:
+                senders.clear()
+            found = senders[lname] = RemoteSender(lname)
+        return found
 
     def count_malformed(self, reason: str) -> None:
         """Count a message from NATS that could not be used, and report it."""

@@ -409,7 +409,11 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
             backplane.announce()  # the full set, with each heartbeat (before it)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(write_loop, link.stream, queue, done_when_empty=_never))
+        # With the router: what a routing slice queues for NATS (the backplane
+        # observes in end_batch) is written by that slice's task right after
+        # it, when the writer is parked: no task switch per routing batch.
+        nursery.start_soon(partial(write_loop, link.stream, queue, done_when_empty=_never,
+                                   router=router))
         nursery.start_soon(heartbeat)
         while True:
             events = await link.events()

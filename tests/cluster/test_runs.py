@@ -8,7 +8,7 @@ import struct
 
 from broker.cluster.backplane import Backplane
 from broker.cluster.ratelog import RateLimitedLog
-from broker.cluster.runs import RUN_BYTES, encode_run, parse_origin, unpack_run
+from broker.cluster.runs import RUN_BYTES, encode_run, pack_stamps, parse_origin, unpack_run
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats, parse_commands
 from wire import nats
@@ -56,7 +56,7 @@ def test_run_round_trip_is_exact():
     frames = [encode_frame({"type": "send", "seq": str(i)}) for i in range(3)]
     stamps = [1700000000.123456789, 5e-324, 1.7976931348623157e308]
     size = sum(map(len, frames)) + 8 * len(frames)
-    cmd = b"".join(encode_run(b"sk.g.1._", 4, 2**63, 7, stamps, frames, size))
+    cmd = b"".join(encode_run(b"sk.g.1._", 4, 2**63, 7, pack_stamps(stamps), frames, size))
     [(op, args, body)] = parse_commands(cmd)
     assert (op, args[0], int(args[-1])) == (b"HPUB", b"sk.g.1._", len(body))
     hlen = int(args[-2])
@@ -94,17 +94,27 @@ def test_a_mixed_batch_keeps_order_across_subjects():
 
 
 def test_both_paths_write_the_same_bytes():
-    """A one-subject batch takes the C-level path; the general loop must agree."""
+    """A one-run batch takes the one-pass path; the general loop must agree."""
     routers, bps, _fake, pub, _sub = pair(clock_a=iter(range(10**6)).__next__)
     bps[0].take_pending()
     batch = [send(routers[0], pub, i, size=i % 300) for i in range(1500)]
-    for wanted in (None, {b"g"}, {b"h"}, set()):
-        fast: list[bytes] = []
-        general: list[bytes] = []
-        assert bps[0]._one_subject(batch, fast, wanted)
-        bps[0]._runs(batch, general, wanted)
-        assert b"".join(fast) == b"".join(general)
-        assert (len(fast) > 5) == (wanted is None or b"g" in wanted)
+    fast: list[bytes] = []
+    general: list[bytes] = []
+    assert bps[0]._one_run(batch, b"sk.g.1._", fast)
+    bps[0]._runs(batch, general, None)
+    assert b"".join(fast) == b"".join(general) and len(fast) > 5
+
+
+def test_a_withheld_one_subject_batch_writes_nothing():
+    routers, bps, _fake, pub, _sub = pair()
+    bps[0].take_pending()
+    for wanted, out in ((set(), False), ({b"h"}, False), ({b"g"}, True), (None, True)):
+        bps[0].remote.wanted = wanted
+        for i in range(5):
+            send(routers[0], pub, i)
+        routers[0].end_batch()
+        assert bool(bps[0].take_pending()) == out
+    assert bps[0].withheld == 10 and bps[0].sent == 10
 
 
 def test_a_frame_over_max_payload_is_dropped_and_counted():
