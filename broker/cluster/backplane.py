@@ -368,8 +368,8 @@ class Backplane(Endpoint):
         if found is not None:
             # The common run: one publisher's sends on one routing key.
             lname, headers, key = found
-            inbound.route_run(self.router, self._sender(lname), frames, headers, key,
-                              (server, session, first), stamps, skip=self.observe)
+            self.router.route_run(self._sender(lname), frames, headers, key,
+                                  (server, session, first), stamps)
             self.received += len(frames)
         else:
             self.route_frames(msg.subject, server, session, first, stamps, frames)

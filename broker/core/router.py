@@ -21,7 +21,8 @@ from __future__ import annotations
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 import attrs
@@ -862,6 +863,66 @@ class Router:
         self._routed.append(routed)
         if origin is not None:
             self._routed_remote += 1
+        return routed
+
+    def route_run(
+        self,
+        sender: Endpoint,
+        frames: list[bytes],
+        headers: list[dict[bytes, Any]],
+        key: RouteKey,
+        origin: tuple[int, int, int],
+        stamps: Sequence[float],
+    ) -> list[Routed]:
+        """Route a run another broker routed first (the cluster backplane,
+        :mod:`broker.cluster.inbound` decodes it): ``frames`` of one routing
+        ``key`` with their decoded ``headers``, EventIds (server, session,
+        first + i) from ``origin`` = (server, session, first) and the origin's
+        timestamps.
+
+        What :meth:`route` does for each message with an origin, once per
+        run: one recipient lookup, C-level maps for the ``Routed`` messages
+        and the deliveries, the counters and per-group statistics once.  The
+        messages join the batch like routed ones (observers get them at
+        :meth:`hand_over`, ``local_observers`` not: they did not enter here).
+        """
+        allowed = sender.publish_allowed
+        if allowed is not None and key[0] not in allowed:
+            self.check_publish(sender, key[0])
+        recips = self._cache.get(key)
+        if recips is None:
+            recips = self.recipients(*key)
+        n = len(frames)
+        server, session, first = origin
+        delivered = len(recips) - (sender in recips)
+        routed = list(map(Routed, frames, headers, repeat(sender, n), repeat(recips, n),
+                          repeat(delivered, n), repeat(session, n), range(first, first + n),
+                          stamps, repeat(server, n)))
+        for ep in recips:
+            if ep is not sender:
+                list(map(ep.deliver, frames, routed))
+                if ep.batched:
+                    self._dirty.append(ep)
+        size = sum(map(len, frames))
+        c = self.counters
+        c.msgs_in += n
+        c.bytes_in += size
+        sender.msgs_in += n
+        sender.bytes_in += size
+        if delivered:
+            c.msgs_out += n * delivered
+            c.bytes_out += size * delivered
+        else:
+            c.undeliverable += n
+        gstats = self.group_stats
+        if gstats is not None:
+            gs = gstats.get(key[0])
+            if gs is None:
+                gs = gstats[key[0]] = [0, 0]
+            gs[0] += n
+            gs[1] += n * delivered
+        self._routed += routed
+        self._routed_remote += n
         return routed
 
     def hand_over(self) -> None:

@@ -97,8 +97,7 @@ def test_one_pass_routes_as_frame_by_frame(subs, plan, length, uniform):
                 bp.route_frames(b"sk.t", 1, 77, 5, stamps, frames)
             else:
                 lname, headers, key = found
-                inbound.route_run(router, bp._sender(lname), frames, headers, key,
-                                  (1, 77, 5), stamps)
+                router.route_run(bp._sender(lname), frames, headers, key, (1, 77, 5), stamps)
                 bp.received += length
         else:
             bp.route_frames(b"sk.t", 1, 77, 5, stamps, frames)
@@ -149,8 +148,8 @@ def test_remote_senders_keep_their_lnames_in_the_routing_log():
     for session, who in enumerate(["p@a/1", "q@a/1", "p@a/1"]):
         frames = [send("g", "1", "*", who, i, False) for i in range(2)]
         lname, headers, key = inbound.run_key(frames)
-        inbound.route_run(router, bp._sender(lname), frames, headers, key,
-                          (1, session + 1, 1), [0.0, 0.0])
+        router.route_run(bp._sender(lname), frames, headers, key, (1, session + 1, 1),
+                         [0.0, 0.0])
     router.end_batch()
     names = [line.split('"lname":"')[1].split('"')[0] for line in log.take()]
     assert names == ["p@a/1"] * 2 + ["q@a/1"] * 2 + ["p@a/1"] * 2
@@ -172,7 +171,7 @@ def test_nothing_received_goes_to_local_observers_or_back_out():
     bp.take_pending()  # its own subscriptions
     frames = [send("g", "1", "*", "p@a/1", i, False) for i in range(5)]
     lname, headers, key = inbound.run_key(frames)
-    inbound.route_run(router, bp._sender(lname), frames, headers, key, (1, 3, 1), [0.0] * 5)
+    router.route_run(bp._sender(lname), frames, headers, key, (1, 3, 1), [0.0] * 5)
     router.end_batch()
     assert local == [] and len(observed(seen)) == 5
     assert bp.take_pending() == b"" and bp.sent == 0
