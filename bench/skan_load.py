@@ -46,8 +46,11 @@ class Broker:
     """Start ``python -m broker`` with a config, or point at a running one."""
 
     def __init__(self, config: str = "", address: tuple[str, int] | None = None,
-                 root: pathlib.Path = ROOT, env: dict[str, str] | None = None) -> None:
+                 root: pathlib.Path = ROOT, env: dict[str, str] | None = None,
+                 module: str = "broker") -> None:
         self.config = config
+        # What ``python -m`` runs: the broker, or a wrapper that instruments it.
+        self.module = module
         self.address = address
         # The source tree the broker runs from: another checkout gives a
         # before/after comparison in one interleaved run.
@@ -65,7 +68,7 @@ class Broker:
         (work / "broker.toml").write_text(self.config)
         env = {**os.environ, **self.env, "PYTHONPATH": str(self.root)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--config", str(work / "broker.toml"),
+            [sys.executable, "-m", self.module, "--config", str(work / "broker.toml"),
              "--skan-port", "0", "--hsp-port", "0", "--eventer-port", "0",
              "--mariner-port", "0", "--metrics-port", "0", "--log-dir", str(work / "log"),
              "--log-level", "WARNING"],
