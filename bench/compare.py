@@ -154,21 +154,25 @@ class Latency:
     cpu: float | None
 
 
-_STAMP_DIGITS = 20  # a latency probe's send time: perf_counter_ns, right-aligned ASCII
+STAMP_DIGITS = 20  # a latency probe's send time: perf_counter_ns, right-aligned ASCII
 
 
 def _stamp_template(make: FrameMaker, seq: int) -> tuple[bytes, bytes]:
     """The bytes of one latency probe before and after its 20-byte timestamp."""
-    marker = b"T" * _STAMP_DIGITS
-    frame = make(marker + b"x" * (PAYLOAD - _STAMP_DIGITS), seq)
+    marker = b"T" * STAMP_DIGITS
+    frame = make(marker + b"x" * (PAYLOAD - STAMP_DIGITS), seq)
     at = frame.find(marker)
     if at < 0 or frame.find(marker, at + 1) >= 0:
         raise RuntimeError("the probe's timestamp is not found once in its frame")
-    return frame[:at], frame[at + _STAMP_DIGITS:]
+    return frame[:at], frame[at + STAMP_DIGITS:]
 
 
-async def latency(target: Target, rate: int, seconds: float) -> Latency:
-    """``rate`` msgs/s in 1 ms ticks, each carrying its send time; one publisher, one subscriber."""
+async def probe(target: Target, rate: int, seconds: float,
+                on_sample: Callable[[int, int], None]) -> float | None:
+    """The latency probe: ``rate`` msgs/s in 1 ms ticks, each message carrying
+    its send time, one publisher and one subscriber; ``on_sample(sent_ns,
+    received_ns)`` for each message read back.  Returns the broker's CPU
+    share meanwhile (None when unknown)."""
     client = target.client
     await client.settle()
     group = f"latency-{next(_unique):06d}"
@@ -176,7 +180,6 @@ async def latency(target: Target, rate: int, seconds: float) -> Latency:
     pub, make = await client.publisher(group)
     parse = client.parser()
     per_tick = max(1, rate // 1000)
-    samples: list[float] = []
     # Each tick's frames are built before its clock is read: the timestamp
     # goes into a template (same length, same bytes around it), so the
     # clients' encoders -- a Python Skan encoder costs about 8 us a frame,
@@ -190,7 +193,7 @@ async def latency(target: Target, rate: int, seconds: float) -> Latency:
                 return
             now = time.perf_counter_ns()
             for payload in parse(data):
-                samples.append((now - int(payload[:_STAMP_DIGITS])) / 1e6)
+                on_sample(int(payload[:STAMP_DIGITS]), now)
 
     # The generator's own collector pauses would be measured as broker latency.
     gc.disable()
@@ -202,7 +205,7 @@ async def latency(target: Target, rate: int, seconds: float) -> Latency:
             tick = 0
             while trio.current_time() - start < seconds:
                 tick += 1
-                ts = str(time.perf_counter_ns()).rjust(_STAMP_DIGITS).encode()
+                ts = str(time.perf_counter_ns()).rjust(STAMP_DIGITS).encode()
                 await pub.send_all(b"".join([head + ts + tail for head, tail in templates]))
                 await trio.sleep_until(start + tick / 1000)
             elapsed = trio.current_time() - start
@@ -213,9 +216,16 @@ async def latency(target: Target, rate: int, seconds: float) -> Latency:
         gc.enable()
     await sub.aclose()
     await pub.aclose()
+    return (c1 - c0) / elapsed if c0 is not None and c1 is not None else None
+
+
+async def latency(target: Target, rate: int, seconds: float) -> Latency:
+    """p50 and p99 of the probe (:func:`probe`), in milliseconds."""
+    samples: list[float] = []
+    cpu = await probe(target, rate, seconds,
+                      lambda sent, got: samples.append((got - sent) / 1e6))
     samples.sort()
     q = statistics.quantiles(samples, n=100)
-    cpu = (c1 - c0) / elapsed if c0 is not None and c1 is not None else None
     return Latency(q[49], q[98], len(samples), cpu)
 
 

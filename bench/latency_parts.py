@@ -2,7 +2,7 @@
 
     python -m bench.latency_parts [--config FILE] [--rate 10000] [--seconds 6]
 
-The probe of ``bench.compare`` (a publisher sending ``rate`` msgs/s in 1 ms
+The probe of ``bench.compare.probe`` (a publisher sending ``rate`` msgs/s in 1 ms
 ticks, each message carrying its send time; a subscriber reading it back)
 runs against a broker started through this module, which instruments it:
 the trio run's wake-up from epoll (an Instrument), the start and end of
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gc
 import json
 import os
 import pathlib
@@ -42,9 +41,10 @@ import time
 
 import trio
 
+from bench.compare import STAMP_DIGITS
+
 # The broker-side records: written by the instrumented broker at exit.
 _RECORDS_ENV = "SKAN_LATENCY_PARTS_FILE"
-_STAMP_DIGITS = 20
 
 
 def _instrument_and_run_broker(records: str) -> None:
@@ -58,7 +58,7 @@ def _instrument_and_run_broker(records: str) -> None:
     ticks: list[tuple[int, int, int, int, int]] = []
     commits: list[tuple[int, int]] = []
     now: dict[str, int] = {}
-    stamp = re.compile(rb" *(\d{12,%d})x" % _STAMP_DIGITS)
+    stamp = re.compile(rb" *(\d{12,%d})x" % STAMP_DIGITS)
     real_os = os
 
     class _Os:
@@ -115,62 +115,23 @@ def _instrument_and_run_broker(records: str) -> None:
         pathlib.Path(records).write_text(json.dumps({"ticks": ticks, "commits": commits}))
 
 
-async def _probe(addr: tuple[str, int], rate: int, seconds: float) -> dict[int, int]:
-    """Send time -> receive time of each tick's first message."""
-    from bench.compare import _stamp_template
-    from bench.skan_load import raw_connect, send_frame, settle, subscribe
-    from wire.skan import FrameSplitter, decode_header, item_bytes
-
-    await settle(addr)
-    group = f"parts-{time.monotonic_ns()}"
-    sub = await subscribe(addr, group)
-    pub, lname = await raw_connect(addr)
-    templates = [_stamp_template(lambda p, k: send_frame(lname, group, p, k), k)
-                 for k in range(max(1, rate // 1000))]
-    received: dict[int, int] = {}
-
-    async def receive() -> None:
-        splitter = FrameSplitter(1 << 20)
-        while True:
-            data = await sub.receive_some(1 << 16)
-            at = time.perf_counter_ns()
-            for f in splitter.receive_data(data):
-                sent = int(item_bytes(f, decode_header(f, 4), b"msg")[:_STAMP_DIGITS])
-                received.setdefault(sent, at)
-
-    gc.disable()  # the probe's own collector pauses are not the broker's
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(receive)
-            start = trio.current_time()
-            tick = 0
-            while trio.current_time() - start < seconds:
-                tick += 1
-                ts = str(time.perf_counter_ns()).rjust(_STAMP_DIGITS).encode()
-                await pub.send_all(b"".join([head + ts + tail for head, tail in templates]))
-                await trio.sleep_until(start + tick / 1000)
-            await trio.sleep(0.2)
-            nursery.cancel_scope.cancel()
-    finally:
-        gc.enable()
-    await sub.aclose()
-    await pub.aclose()
-    return received
-
-
 def _quantiles(values: list[float]) -> str:
     q = statistics.quantiles(values, n=100)
     return f"p50 {q[49]:7.1f}  p90 {q[89]:7.1f}  p99 {q[98]:7.1f} us"
 
 
 def main(args: argparse.Namespace) -> None:
-    from bench.skan_load import Broker
+    from bench.compare import Target, probe
+    from bench.skan_load import Broker, SkanClient
 
     config = pathlib.Path(args.config).read_text() if args.config else ""
     records = pathlib.Path(tempfile.mkdtemp(prefix="skan-parts-")) / "records.json"
     with Broker(config, module="bench.latency_parts",
                 env={_RECORDS_ENV: str(records)}) as broker:
-        received = trio.run(_probe, broker.addr["skan"], args.rate, args.seconds)
+        received: dict[int, int] = {}  # a tick's send time -> when its first message was read
+        target = Target("skan", SkanClient(broker), broker.cpu_seconds, None)
+        trio.run(probe, target, args.rate, args.seconds,
+                 lambda sent, got: received.setdefault(sent, got))
     deadline = time.monotonic() + 10
     while not records.exists() and time.monotonic() < deadline:
         time.sleep(0.1)

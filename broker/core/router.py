@@ -886,12 +886,8 @@ class Router:
         messages join the batch like routed ones (observers get them at
         :meth:`hand_over`, ``local_observers`` not: they did not enter here).
         """
-        allowed = sender.publish_allowed
-        if allowed is not None and key[0] not in allowed:
-            self.check_publish(sender, key[0])
-        recips = self._cache.get(key)
-        if recips is None:
-            recips = self.recipients(*key)
+        self.check_publish(sender, key[0])  # once per run: route() inlines its fast path
+        recips = self.recipients(*key)
         n = len(frames)
         server, session, first = origin
         delivered = len(recips) - (sender in recips)
