@@ -67,7 +67,6 @@ SUBJECT_CACHE_LIMIT = 65_536
 # for the same reason: clients on other brokers come and go without end.
 SENDER_CACHE_LIMIT = 65_536
 # Field getters, for C-level passes over a batch (Backplane._unwanted).
-_SERVER = attrgetter("server")
 _HEADER_OF = attrgetter("header")
 _GROUP = itemgetter(b"group")
 _TO = itemgetter(b"to")
@@ -128,15 +127,17 @@ class Backplane(Endpoint):
         # its full set with each heartbeat); forgotten after three (as "brokers seen").
         self.remote = interest.RemoteInterest(server_id, 2 * heartbeat, 3 * heartbeat)
         self._own_dest = b"b%d" % server_id
-        router.observers.append(self.observe)
+        # Only what entered this broker: what NATS brought never goes back out
+        # (the router leaves it out of local observers' batches, or calls none).
+        router.local_observers.append(self.observe)
         router.interest.append(self.interest_changed)
         self._add(subjects.own_interest(server_id))
 
     # ---- out -------------------------------------------------------------
 
     def observe(self, batch: list[Routed]) -> None:
-        """Router observer: publish, in runs and in one write, the batch's messages
-        that did not come from NATS."""
+        """Local router observer: publish, in runs and in one write, the batch
+        (the messages that entered this broker)."""
         wanted = self.remote.wanted
         parts: list[bytes] = []
         found = runs.batch_key(batch, self.server_id)
@@ -150,13 +151,6 @@ class Backplane(Endpoint):
             if not (found[3] and self._one_run(batch, subject, parts)):
                 self._runs(batch, parts, wanted)
         else:
-            own = self.server_id
-            servers = list(map(_SERVER, batch))
-            local = servers.count(own)
-            if local != len(servers):  # some came from NATS: never back out
-                if local:
-                    self.observe([r for r in batch if r.server == own])
-                return
             if wanted is not None and self._unwanted(batch, wanted):
                 return
             self._runs(batch, parts, wanted)

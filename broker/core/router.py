@@ -347,10 +347,11 @@ class Router:
         # (hand_over(), called by end_batch()): one call per received chunk,
         # not per message, so an observer does its per-message work in one
         # loop (or in C-level calls over the list) with its state in locals.
-        # ``observers`` get every Routed message, delivered or not (the log,
-        # the backplane); ``local_observers`` then get those that entered this
-        # broker, not those a cluster backplane brought in: what a broker of a
-        # cluster keeps for Eventer queries and Mariner replay (BROKER-SPEC 8).
+        # ``observers`` get every Routed message, delivered or not (the log);
+        # ``local_observers`` then get those that entered this broker, not
+        # those a cluster backplane brought in: what a broker of a cluster
+        # keeps for Eventer queries and Mariner replay, and what its backplane
+        # publishes (BROKER-SPEC 8).
         self.observers: list[Callable[[list[Routed]], None]] = []
         self.local_observers: list[Callable[[list[Routed]], None]] = []
         self._routed: list[Routed] = []
