@@ -18,6 +18,7 @@ from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
 from broker.runtime.reload import reload_config
+from broker.runtime.scheduling import set_thread_slice
 from broker.runtime.services import services
 from broker.store import Store
 
@@ -110,6 +111,8 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
             # move it out of the collector's way so full collections stay short.
             gc.collect()
             gc.freeze()
+            if config.broker.routing_slice:
+                set_thread_slice(config.broker.routing_slice)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
 
                 async def wait_signal() -> None:

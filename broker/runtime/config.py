@@ -55,6 +55,11 @@ def _optional_positive(inst: Any, attr: attrs.Attribute, value: float | None) ->
         raise ValueError("must be greater than 0 (leave it out for no limit of its own)")
 
 
+def _nice(inst: Any, attr: attrs.Attribute, value: int) -> None:
+    if not 0 <= value <= 19:
+        raise ValueError("must be from 0 to 19 (a nice increment)")
+
+
 def _one_of(*choices: str):
     def check(inst: Any, attr: attrs.Attribute, value: str) -> None:
         if value not in choices:
@@ -101,6 +106,13 @@ class BrokerSection:
     max_subscriptions: int = attrs.field(
         default=DEFAULT_MAX_SUBSCRIPTIONS, validator=_positive
     )
+    # Scheduler hints (broker/runtime/scheduling.py): the routing thread's
+    # slice in seconds, so it preempts a writer thread when a message arrives
+    # (0: the kernel's default; Linux 6.12+ takes 0.0001 to 0.1) ...
+    routing_slice: float = attrs.field(default=100e-6, validator=_non_negative)
+    # ... and the nice increment of the durable store's and the routing
+    # log's writer threads (0: as the routing thread; at most 19).
+    writer_nice: int = attrs.field(default=10, validator=_nice)
 
 
 def _port_field(default: int) -> Any:

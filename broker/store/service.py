@@ -9,6 +9,7 @@ graceful stop commits everything.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -18,6 +19,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.runtime.config import Config
 from broker.runtime.context import BrokerContext
+from broker.runtime.scheduling import lower_thread_priority
 from broker.store.store import Store, default_dir
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
                   flush_interval=config.store.flush_interval,
                   spool_max_bytes=config.store.spool_max_bytes)
     store.attach(router)
-    store.start(trio.lowlevel.current_trio_token().run_sync_soon)
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon,
+                functools.partial(lower_thread_priority, config.broker.writer_nice))
     log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",
              store.path, time.monotonic() - started, store.count, router.session)
     return store

@@ -186,6 +186,7 @@ class Store:
         self._thread: threading.Thread | None = None
         self._reports: deque[Report] = deque()
         self._call_soon: Callable[[Callable[[], None]], None] | None = None
+        self._thread_setup: Callable[[], object] | None = None
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
         # Whether a report is awaited now (an Eventer connection asked for
@@ -219,9 +220,14 @@ class Store:
             # Only what entered this broker: in a cluster, each broker keeps its own.
             router.local_observers.append(self.observe)
 
-    def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None) -> None:
-        """Start the writer thread; ``call_soon`` runs a function in the routing thread."""
+    def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None,
+              thread_setup: Callable[[], object] | None = None) -> None:
+        """Start the writer thread; ``call_soon`` runs a function in the routing thread.
+
+        ``thread_setup`` runs first in the writer thread (its scheduler priority).
+        """
         self._call_soon = call_soon
+        self._thread_setup = thread_setup
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
@@ -312,6 +318,8 @@ class Store:
     # ---- the writer ----------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._thread_setup is not None:
+            self._thread_setup()
         while not self._stopping:
             self._wake.wait(IDLE_WAKE)
             self._wake.clear()

@@ -10,6 +10,7 @@ publishes the last file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import trio
@@ -17,6 +18,7 @@ import trio
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
 from broker.runtime.context import BrokerContext
+from broker.runtime.scheduling import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         max_age=cfg.max_age,
         close_gate=lambda: gate.close(GATE_HOLDER),
         request_open=request_open,
+        thread_setup=functools.partial(lower_thread_priority, ctx.config.broker.writer_nice),
     )
     routelog.recovery = recovery
     routelog.waits_source = lambda: gate.waits

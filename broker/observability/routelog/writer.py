@@ -78,6 +78,7 @@ class RoutingLog:
         max_age: float = 0.0,
         close_gate: Callable[[], None] = _noop,
         request_open: Callable[[], None] = _noop,
+        thread_setup: Callable[[], object] = _noop,
     ) -> None:
         self.directory = directory
         self.rotate_bytes = rotate_bytes
@@ -90,6 +91,8 @@ class RoutingLog:
         self.handoff_size = max(1, min(MAX_HANDOFF, queue_records // 4))
         self._close_gate = close_gate
         self._request_open = request_open
+        # Runs first in the writer thread (its scheduler priority).
+        self._thread_setup = thread_setup
         self.recovery = Recovery()
         # Counters (ints updated by one thread each, read anywhere).
         self.handed = 0
@@ -173,6 +176,7 @@ class RoutingLog:
     # ---- writer thread ----------------------------------------------------
 
     def _run(self) -> None:
+        self._thread_setup()
         try:
             self._prune()
             while True:

@@ -1,0 +1,128 @@
+"""Scheduler hints (broker/runtime/scheduling.py): in a thread, and in a running broker."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import sys
+import threading
+import time
+
+import pytest
+
+from broker.runtime import scheduling
+from tests.brokerproc import BrokerProcess
+
+linux = pytest.mark.skipif(sys.platform != "linux", reason="per-thread hints are Linux's")
+
+
+def _in_thread(fn):  # type: ignore[no-untyped-def]
+    """fn() in a fresh thread (hints stick to a thread); returns its result."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def _slice_ns() -> int:
+    """The calling thread's slice as sched_getattr reports it."""
+    return _slice_of(threading.get_native_id())
+
+
+def _kernel() -> tuple[int, int]:
+    major, minor = platform.release().split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+@linux
+def test_slice_is_set_on_the_calling_thread_only() -> None:
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("system call numbers known for x86_64 and aarch64")
+    before = _slice_ns()
+
+    def set_and_read() -> tuple[bool, int, int]:
+        ok = scheduling.set_thread_slice(200e-6)
+        return ok, _slice_ns(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    ok, inside, nice = _in_thread(set_and_read)
+    assert ok
+    if _kernel() >= (6, 12):
+        assert inside == 200_000
+    assert nice == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())  # nice kept
+    assert _slice_ns() == before  # the test's own thread is untouched
+
+
+@linux
+def test_slice_is_clamped_to_what_the_kernel_takes() -> None:
+    if platform.machine() not in ("x86_64", "aarch64") or _kernel() < (6, 12):
+        pytest.skip("custom slices need Linux 6.12 on x86_64 or aarch64")
+    assert _in_thread(lambda: (scheduling.set_thread_slice(1e-9), _slice_ns())[1]) == 100_000
+    assert _in_thread(lambda: (scheduling.set_thread_slice(5.0), _slice_ns())[1]) == 100_000_000
+
+
+@linux
+def test_lower_priority_raises_nice_of_the_calling_thread_only() -> None:
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def lower() -> tuple[bool, int]:
+        ok = scheduling.lower_thread_priority(7)
+        return ok, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    ok, nice = _in_thread(lower)
+    assert ok and nice == min(19, mine + 7)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert _in_thread(lambda: scheduling.lower_thread_priority(0)) is False
+
+
+def _thread_nices(pid: int) -> list[int]:
+    """The nice value of each thread of ``pid`` (field 19 of /proc stat)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+        out.append(int(stat[stat.rindex(")") + 2:].split()[16]))
+    return out
+
+
+def _slice_of(tid: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    get_nr = {"x86_64": 315, "aarch64": 275}[platform.machine()]
+    buf = ctypes.create_string_buffer(48)
+    assert libc.syscall(get_nr, tid, buf, 48, 0) == 0
+    return struct.unpack("IIQiIQQQ", buf.raw)[5]
+
+
+@linux
+@pytest.mark.parametrize(("config", "writer_nice", "slice_ns"), [
+    ("", 10, 100_000),
+    ("[broker]\nwriter_nice = 3\nrouting_slice = 0.0005\n", 3, 500_000),
+    ("[broker]\nwriter_nice = 0\nrouting_slice = 0\n", 0, None),
+])
+def test_broker_threads_get_the_configured_hints(config: str, writer_nice: int,
+                                                 slice_ns: int | None) -> None:
+    """The two writer threads run at the configured nice, the routing thread
+    with the configured slice; every other thread as the process."""
+    with BrokerProcess(config) as proc:
+        assert proc.proc is not None
+        pid = proc.proc.pid
+        base = os.getpriority(os.PRIO_PROCESS, pid)
+        lowered = min(19, base + writer_nice)
+        deadline = time.monotonic() + 10
+        while True:  # the writers lower themselves when they start
+            nices = _thread_nices(pid)
+            if writer_nice == 0 or nices.count(lowered) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if writer_nice:
+            assert nices.count(lowered) == 2, nices
+            assert nices.count(base) == len(nices) - 2, nices
+        else:
+            assert set(nices) == {base}
+        if platform.machine() in ("x86_64", "aarch64") and _kernel() >= (6, 12):
+            if slice_ns is None:
+                assert _slice_of(pid) == _in_thread(_slice_ns)  # the kernel's default
+            else:
+                assert _slice_of(pid) == slice_ns
