@@ -6,8 +6,8 @@ closed, subscriptions no longer permitted are removed.  Limits (per-user and
 per-listener ``max_connections``, ``[broker]`` limits) apply to connections
 accepted from then on.  A file that does not validate is refused with its key
 and reason in the log, and the running configuration stays.  Host, port,
-server id, listener, bridge, log, retention and store changes need a restart; the
-log says so.
+server id, scheduler hints, listener, bridge, log, retention and store changes
+need a restart; the log says so.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ REVOKED = "revoked"
 
 def _restart_needed(old: Config, new: Config) -> list[str]:
     keys = []
-    for key in ("host", "server_id"):
+    # The scheduler hints are applied by the threads themselves as they start.
+    for key in ("host", "server_id", "routing_slice", "writer_nice"):
         if getattr(old.broker, key) != getattr(new.broker, key):
             keys.append(f"broker.{key}")
     for section in ("log", "retention", "store", "cluster"):

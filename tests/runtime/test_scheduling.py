@@ -32,6 +32,15 @@ def _slice_ns() -> int:
     return _slice_of(threading.get_native_id())
 
 
+def _raw_set_slice(ns: int) -> int:
+    """sched_setattr called directly (0 or the errno): is the call allowed here?"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    set_nr = {"x86_64": 314, "aarch64": 274}[platform.machine()]
+    attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, 0, 0, 0, 0, ns, 0, 0), 48)
+    return 0 if libc.syscall(set_nr, threading.get_native_id(), attr, 0) == 0 \
+        else ctypes.get_errno()
+
+
 def _kernel() -> tuple[int, int]:
     major, minor = platform.release().split(".")[:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
@@ -41,6 +50,10 @@ def _kernel() -> tuple[int, int]:
 def test_slice_is_set_on_the_calling_thread_only() -> None:
     if platform.machine() not in ("x86_64", "aarch64"):
         pytest.skip("system call numbers known for x86_64 and aarch64")
+    refused = _in_thread(lambda: _raw_set_slice(300_000))
+    if refused:  # e.g. a seccomp profile without sched_setattr
+        assert _in_thread(lambda: scheduling.set_thread_slice(200e-6)) is False
+        pytest.skip(f"sched_setattr refused here: {os.strerror(refused)}")
     before = _slice_ns()
 
     def set_and_read() -> tuple[bool, int, int]:
@@ -57,8 +70,9 @@ def test_slice_is_set_on_the_calling_thread_only() -> None:
 
 @linux
 def test_slice_is_clamped_to_what_the_kernel_takes() -> None:
-    if platform.machine() not in ("x86_64", "aarch64") or _kernel() < (6, 12):
-        pytest.skip("custom slices need Linux 6.12 on x86_64 or aarch64")
+    if platform.machine() not in ("x86_64", "aarch64") or _kernel() < (6, 12) \
+            or _in_thread(lambda: _raw_set_slice(300_000)):
+        pytest.skip("custom slices need Linux 6.12 on x86_64 or aarch64, and sched_setattr")
     assert _in_thread(lambda: (scheduling.set_thread_slice(1e-9), _slice_ns())[1]) == 100_000
     assert _in_thread(lambda: (scheduling.set_thread_slice(5.0), _slice_ns())[1]) == 100_000_000
 
@@ -121,8 +135,22 @@ def test_broker_threads_get_the_configured_hints(config: str, writer_nice: int,
             assert nices.count(base) == len(nices) - 2, nices
         else:
             assert set(nices) == {base}
-        if platform.machine() in ("x86_64", "aarch64") and _kernel() >= (6, 12):
+        if (platform.machine() in ("x86_64", "aarch64") and _kernel() >= (6, 12)
+                and not _in_thread(lambda: _raw_set_slice(300_000))):
             if slice_ns is None:
                 assert _slice_of(pid) == _in_thread(_slice_ns)  # the kernel's default
             else:
                 assert _slice_of(pid) == slice_ns
+
+
+def test_a_reload_says_the_hints_need_a_restart() -> None:
+    """The threads apply the hints as they start: a SIGHUP cannot change them."""
+    import attrs
+
+    from broker.runtime.config import Config
+    from broker.runtime.reload import _restart_needed
+
+    old = Config()
+    new = attrs.evolve(old, broker=attrs.evolve(old.broker, routing_slice=0.001, writer_nice=3))
+    assert _restart_needed(old, new) == ["broker.routing_slice", "broker.writer_nice"]
+    assert _restart_needed(old, old) == []
