@@ -14,10 +14,10 @@ from broker.runtime.connections import ConnectionLimits, Connections
 from broker.runtime.tls import TLSListener
 
 if TYPE_CHECKING:
-    from broker.cluster.service import ClusterLink
+    from broker.cluster.link import ClusterLink
+    from broker.cluster.query import LocalQuery
     from broker.core.retention import RetentionStore
     from broker.observability.routelog.writer import RoutingLog
-    from broker.protocols.eventer.listener import EventerService
     from broker.protocols.eventer.query import LatestTable
     from broker.runtime.bridge import BridgeStatus
     from broker.store import Store
@@ -49,7 +49,9 @@ class BrokerContext:
     # The durable store, or the in-memory ring with [store] enabled = false.
     retention: Store | RetentionStore | None = None
     routelog: RoutingLog | None = None
-    eventer: EventerService | None = None
+    # The Eventer service's query (with its latest table and the store's
+    # flush), for cluster queries from other brokers.
+    eventer_query: LocalQuery | None = None
     latest: LatestTable | None = None
     # TLS listeners per listener protocol, whose contexts a reload replaces.
     tls_listeners: dict[str, list[TLSListener]] = attrs.Factory(dict)

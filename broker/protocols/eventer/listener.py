@@ -435,7 +435,7 @@ async def _conversation_timer(ep: EventerEndpoint) -> None:
 
 async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     service = EventerService(ctx)
-    ctx.eventer = service
+    ctx.eventer_query = service.query
     ctx.on_stopping.append(service.stopping)
 
     def new_endpoint() -> EventerEndpoint:

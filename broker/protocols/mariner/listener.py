@@ -40,7 +40,7 @@ from wire import eventer as w
 from wire import mariner as mw
 
 if TYPE_CHECKING:
-    from broker.cluster.service import ClusterLink
+    from broker.cluster.link import ClusterLink
 
 log = logging.getLogger(__name__)
 
