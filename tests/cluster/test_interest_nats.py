@@ -98,6 +98,9 @@ async def test_published_only_once_another_broker_announced_interest():
                     nursery.start_soon(publish)
                     await trio.sleep(0.1)
                     before = sent
+                    # A has routed (and withheld) live-1 .. live-<before> before B's
+                    # client subscribes: the barrier queues behind them on pub.
+                    await pub.barrier()
                     await sub.subscribe("quiet")
                     with trio.fail_after(2):
                         first = await sub.receive()
