@@ -46,6 +46,13 @@ def _kernel() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
+def _custom_slices() -> bool:
+    """Whether this machine takes a custom slice: x86_64 or aarch64, Linux 6.12
+    or later, and sched_setattr allowed (no seccomp profile refusing it)."""
+    return (platform.machine() in ("x86_64", "aarch64") and _kernel() >= (6, 12)
+            and not _in_thread(lambda: _raw_set_slice(300_000)))
+
+
 @linux
 def test_slice_is_set_on_the_calling_thread_only() -> None:
     if platform.machine() not in ("x86_64", "aarch64"):
@@ -70,8 +77,7 @@ def test_slice_is_set_on_the_calling_thread_only() -> None:
 
 @linux
 def test_slice_is_clamped_to_what_the_kernel_takes() -> None:
-    if platform.machine() not in ("x86_64", "aarch64") or _kernel() < (6, 12) \
-            or _in_thread(lambda: _raw_set_slice(300_000)):
+    if not _custom_slices():
         pytest.skip("custom slices need Linux 6.12 on x86_64 or aarch64, and sched_setattr")
     assert _in_thread(lambda: (scheduling.set_thread_slice(1e-9), _slice_ns())[1]) == 100_000
     assert _in_thread(lambda: (scheduling.set_thread_slice(5.0), _slice_ns())[1]) == 100_000_000
@@ -135,8 +141,7 @@ def test_broker_threads_get_the_configured_hints(config: str, writer_nice: int,
             assert nices.count(base) == len(nices) - 2, nices
         else:
             assert set(nices) == {base}
-        if (platform.machine() in ("x86_64", "aarch64") and _kernel() >= (6, 12)
-                and not _in_thread(lambda: _raw_set_slice(300_000))):
+        if _custom_slices():
             if slice_ns is None:
                 assert _slice_of(pid) == _in_thread(_slice_ns)  # the kernel's default
             else:
