@@ -204,6 +204,7 @@ class Store:
         # up to"), so the next one awaited covers everything before it.
         self.reports_wanted: Callable[[], bool] = lambda: bool(self.on_report)
         self._last_log = -LOG_INTERVAL
+        self._failing = False  # the last commit failed (writer thread)
         self._last_spool_log = -LOG_INTERVAL
         self._router: Router | None = None  # attach: flush() takes its open batch
 
@@ -559,6 +560,11 @@ class Store:
         if evicted != self.evicted:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
+        if self._failing:
+            self._failing = False
+            log.warning("store %s: writing again after %d failed commits (%d messages not "
+                        "persisted so far)", self.path, self.stats.failed_commits,
+                        self.stats.failed_events)
         self.stats.commits += 1
         self.stats.spool_retried += carried
         self.stats.events_written += new_events
@@ -716,6 +722,7 @@ class Store:
             self._conn.execute("ROLLBACK")
 
     def _failed(self, n: int, exc: sqlite3.Error) -> None:
+        self._failing = True  # until a commit succeeds again (logged then)
         self.stats.failed_commits += 1
         self.stats.failed_events += n
         self.stats.last_error = str(exc)
