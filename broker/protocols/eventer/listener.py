@@ -144,6 +144,7 @@ class EventerEndpoint(QueuedEndpoint):
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         if self.closed:
+            self.not_sent(len(frame))
             return
         self.batch.append(self.service.encode(routed))
         self._batch_last = (routed.session, routed.instance)

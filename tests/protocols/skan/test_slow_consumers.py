@@ -77,7 +77,6 @@ async def test_slow_consumer_disconnects_are_logged_and_their_queue_not_counted_
     # messages_out: what reached the fast reader and the slow ones' sockets.
     out = int(stats["messages_out"])
     expected = sent + sum(received)
-    print("messages_out", out, "expected", expected, "sent", sent, "slow received", received)
     assert expected <= out <= expected + 3 * TOLERANCE, (out, sent, received)
     # One line each, naming the connection and what was discarded.
     lines = [line for line in b.stderr_lines if "disconnected as a slow consumer" in line]
