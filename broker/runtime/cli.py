@@ -42,7 +42,8 @@ def build_parser() -> cliutil.Parser:
         description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner). "
                     "Flags override the configuration file; defaults are the embedded "
                     "configuration's. 'skan-broker hash-token' reads a token on stdin and "
-                    "prints its token_sha256.",
+                    "prints its token_sha256. 'skan-broker accept-store DIR' takes a store "
+                    "refused for a missing file as it is (docs/store.md).",
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
     p.add_argument("--check-config", metavar="FILE",
