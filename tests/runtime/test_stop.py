@@ -22,7 +22,7 @@ from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
 from tests.store.test_missing_files import TYPE, all_events, key
-from tests.store.test_restart import workdir
+from tests.store.test_restart import eventer_client, ids, workdir
 from wire.eventer.messages import RegisterEvent
 
 pytestmark = [pytest.mark.trio]
@@ -181,3 +181,34 @@ async def test_a_third_signal_aborts():
         assert "received SIGINT a third time: exiting at once" in log
         # The store opens again (SQLite's recovery from the WAL).
         BrokerProcess(workdir=wd).start().stop()
+
+
+async def test_a_hat_client_s_persisted_events_survive_a_double_sigterm():
+    """The real hat-event 0.9 client, asking for persisted notifications, sees only
+    events that are in the store after a stop signalled twice."""
+    wd = workdir()
+    proc = BrokerProcess(config(drain_timeout=60), workdir=wd).start()
+    raw = await stuck_subscriber(proc)
+    try:
+        hat = await eventer_client(proc, subscriptions=[["mf", "*"]], persisted=True)
+        async with hat:
+            async with trio.open_nursery() as nursery:
+                traffic = Traffic()
+                await nursery.start(traffic.run, proc.addr["eventer"][1])
+                assert proc.proc is not None
+                proc.proc.send_signal(signal.SIGTERM)
+                assert alive_after(proc, 1.0)
+                proc.proc.send_signal(signal.SIGTERM)
+                code, _ = wait_exit(proc, 20)
+                nursery.cancel_scope.cancel()
+            notified = (await hat.call("events", count=10**6, timeout=1))["events"]
+    finally:
+        await raw.aclose()
+    assert code == 0, "".join(proc.stderr_lines)
+    assert notified, "the hat client was notified of nothing"
+    proc = BrokerProcess(config(drain_timeout=60), workdir=wd).start()
+    try:
+        stored = set(await all_events(proc))
+    finally:
+        proc.stop()
+    assert set(ids(notified)) <= stored
