@@ -47,7 +47,7 @@ async def stuck_subscriber(proc: BrokerProcess) -> RawSkan:
     async with SkanClient.connect(*proc.skan) as pub:
         await pub.stats()  # the subscription is in place once our own request is answered
         payload = "x" * 10_000
-        for _ in range(800):
+        for _ in range(1500):  # 15 MB: far more than socket buffers and queue hold
             await pub.send("flood", payload)
         await pub.stats()
     return raw
@@ -143,14 +143,14 @@ async def test_a_second_sigterm_cuts_the_drain_short_and_keeps_the_final_commit(
 
 async def test_sighup_during_a_stop_is_ignored():
     wd = workdir()
-    proc = BrokerProcess(config(drain_timeout=3), workdir=wd).start()
+    proc = BrokerProcess(config(drain_timeout=5), workdir=wd).start()
     raw = await stuck_subscriber(proc)
     try:
         assert proc.proc is not None
         proc.proc.send_signal(signal.SIGTERM)
         assert alive_after(proc, 0.5)
         proc.proc.send_signal(signal.SIGHUP)
-        # The drain goes on for its 3 s: SIGHUP does not end the process.
+        # The drain goes on for its 5 s: SIGHUP does not end the process.
         assert alive_after(proc, 1.5), "".join(proc.stderr_lines)
         code, _ = wait_exit(proc, 20)
     finally:
