@@ -40,7 +40,7 @@ from broker.store.state import (
     new_store_id,
     read_state,
     state_path,
-    wal_has_content,
+    wal_present,
     write_state,
 )
 
@@ -181,7 +181,7 @@ def open_store(directory: str) -> tuple[sqlite3.Connection, StoreState | None]:
                          ) from None
     if not os.path.exists(path):
         return _open_new(directory, path, state), state
-    wal = wal_has_content(path)
+    wal = wal_present(path)
     try:
         # Check before anything is written: switching a foreign database
         # to WAL would already change its file.  (Reading replays our own

@@ -28,8 +28,6 @@ import attrs
 STATE_NAME = "store.state"
 FORMAT = "skan-broker store state"
 VERSION = 1
-# Bytes of a WAL file's header: a WAL shorter than this holds no commit.
-WAL_HEADER = 32
 # Bytes read at most from a state file (it is a few hundred): a huge file
 # there is not ours.
 MAX_STATE_BYTES = 64 * 1024
@@ -105,12 +103,15 @@ def write_state(directory: str, state: StoreState) -> None:
         os.close(dfd)
 
 
-def wal_has_content(db_path: str) -> bool:
-    """Whether the WAL beside ``db_path`` exists and can hold a commit."""
-    try:
-        return os.path.getsize(db_path + "-wal") >= WAL_HEADER
-    except OSError:
-        return False
+def wal_present(db_path: str) -> bool:
+    """Whether the WAL beside ``db_path`` exists.
+
+    An empty one counts: a checkpoint with TRUNCATE (at a graceful stop, or
+    when the writer keeps the WAL small) leaves it empty with everything in
+    the main file.  Missing is what a lost WAL looks like (SQLite deletes it
+    only when the last connection closes after a complete checkpoint).
+    """
+    return os.path.exists(db_path + "-wal")
 
 
 @attrs.define
@@ -126,7 +127,7 @@ def check(path: str, directory: str, db: DbFacts, state: StoreState | None,
           wal: bool) -> str | None:
     """Why this database cannot be opened with this state file and WAL (None: it can).
 
-    ``wal``: the WAL exists and holds at least a header.  A store written
+    ``wal``: the WAL exists (:func:`wal_present`).  A store written
     before state files existed (no ``store_id`` in the database) and
     without a state file passes: there is nothing to compare.
     """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sqlite3
 
 import pytest
@@ -26,7 +27,10 @@ def new_store(path) -> Store:
 
 
 def meta(path) -> dict:
-    with contextlib.closing(sqlite3.connect(path / DB_NAME)) as conn:
+    """The main file's meta (immutable: a normal connection's close would merge and delete
+    the WAL, as the sqlite3 shell does)."""
+    uri = f"file:{path / DB_NAME}?immutable=1"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
         return dict(conn.execute("SELECT key, value FROM meta"))
 
 
@@ -92,8 +96,8 @@ def test_a_store_from_before_state_files_gets_an_id(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     store = new_store(tmp_path)
     assert not [r for r in caplog.records if "missing" in r.getMessage()]
-    assert read_state(str(tmp_path)).store_id == store.store_id == meta(tmp_path)["store_id"]
     store.close()
+    assert read_state(str(tmp_path)).store_id == store.store_id == meta(tmp_path)["store_id"]
 
 
 def test_a_lost_state_file_is_recreated_when_the_database_stopped_cleanly(tmp_path, caplog):
@@ -124,3 +128,21 @@ def test_accept_store_sessions_continue_above_every_ceiling_known(tmp_path):
 def test_accept_store_without_a_database_says_what_to_do(tmp_path):
     with pytest.raises(StoreError, match="no database to accept"):
         accept_store(str(tmp_path))
+
+
+def test_killed_after_a_truncating_checkpoint_opens(tmp_path):
+    """An empty WAL is not a lost one: a TRUNCATE checkpoint put everything in the main file."""
+    running = tmp_path / "running"
+    store = new_store(running)
+    store.set_resume("b", 1, 2, 3)
+    store.flush()
+    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert (running / f"{DB_NAME}-wal").stat().st_size == 0
+    # The files as a SIGKILL would leave them now (the connection still open).
+    killed = tmp_path / "killed"
+    shutil.copytree(running, killed)
+    store.close()
+    assert meta(killed)["clean"] == 0 and read_state(str(killed)).clean is False
+    again = new_store(killed)
+    assert again.resume_point("b") == (1, 2, 3)
+    again.close()
