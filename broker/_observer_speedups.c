@@ -8,7 +8,7 @@
  * ASCII and returns the index of the first one it leaves to Python.
  *
  * batch_row: the durable store's row of a routing batch that is one run
- * (broker/store/runs.py).  The pure-Python batch_row there is the
+ * (broker/store/batch_rows.py).  The pure-Python batch_row there is the
  * reference: this function returns an equal tuple, or None exactly when
  * the reference does; tests/store/test_speedups.py holds it to that on
  * random batches.  Anything it does not expect (a type other than the
@@ -16,7 +16,7 @@
  * return NotImplemented, and the caller runs the reference instead.
  *
  * batch_key and run_parts: what the cluster backplane of the publishing
- * broker reads of a routing batch (broker/cluster/runs.py: batch_key_py
+ * broker reads of a routing batch (broker/cluster/subject_runs.py: batch_key_py
  * and run_parts_py are the references; tests/cluster/test_run_speedups.py
  * compares them on random batches).  batch_key returns the one routing
  * subject of a batch of this broker's messages (or None), run_parts the
@@ -606,24 +606,24 @@ static PyMethodDef methods[] = {
      "left to Python (see broker/observability/routelog/record.py)."},
     {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
      "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
-     "(see broker/cluster/runs.py)."},
+     "(see broker/cluster/subject_runs.py)."},
     {"run_parts", (PyCFunction)(void (*)(void))run_parts, METH_FASTCALL,
      "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
-     "(see broker/cluster/runs.py)."},
+     "(see broker/cluster/subject_runs.py)."},
     {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
      "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
-     "one-run batch, None, or NotImplemented (see broker/store/runs.py)."},
+     "one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "broker._speedups",
-    "Compiled per-message work of the router's observers (see broker/store/runs.py).",
+    PyModuleDef_HEAD_INIT, "broker._observer_speedups",
+    "Compiled per-message work of the router's observers (see broker/store/batch_rows.py).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
-PyInit__speedups(void)
+PyInit__observer_speedups(void)
 {
     if (!(s_header = PyUnicode_InternFromString("header"))
         || !(s_frame = PyUnicode_InternFromString("frame"))

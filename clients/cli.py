@@ -19,8 +19,6 @@ from typing import Any
 
 import trio
 
-from clients import cliutil
-from clients.common import CONNECT_TIMEOUT
 from clients.hsp import DEFAULT_PORT as HSP_PORT
 from clients.hsp import HSPClosed, HSPError, SkanOverHSP
 from clients.skan import (
@@ -32,6 +30,8 @@ from clients.skan import (
     SkanClosed,
     strkeys,
 )
+from toolkit import cliutil
+from toolkit.streams import CONNECT_TIMEOUT
 
 PROG = "skan"
 # Seconds `skan request` waits for its reply unless told otherwise.

@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from clients.common import ReceiveIterator, open_stream
 from clients.skan import SkanClient
+from toolkit.streams import ReceiveIterator, open_stream
 from wire.hsp import (
     DATA_ACK,
     DEFAULT_MAX_PAYLOAD,

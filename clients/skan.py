@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import trio
 
-from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
+from toolkit.streams import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
 from wire.errors import RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
 

@@ -29,8 +29,8 @@ from typing import Any, NoReturn
 
 import trio
 
-from clients.common import DEFAULT_HOST, env_token
-from clients.common import tidy_reason as tidy_reason
+from toolkit.streams import DEFAULT_HOST, env_token
+from toolkit.streams import tidy_reason as tidy_reason
 from wire.skan.jsonvalue import JsonValueError, json_to_skan
 
 # Distribution whose version every tool reports with --version.

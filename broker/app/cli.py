@@ -19,10 +19,12 @@ from functools import partial
 import attrs
 import trio
 
-from broker.cluster.service import ClusterStartError
+from broker.app import lifecycle as app
+from broker.app import workers
+from broker.cluster.cluster_service import ClusterStartError
 from broker.core.auth import hash_token
-from broker.runtime import app, config, workers
-from clients import cliutil
+from broker.serving import config
+from toolkit import cliutil
 
 PROG = "skan-broker"
 

@@ -2,7 +2,7 @@
 
 A runner is ``async def run(ctx, cfg, status)``: it attaches its routing
 endpoint, appends nothing (``status`` is already in ``ctx.bridges``) and
-runs until cancelled, normally through :func:`broker.runtime.bridge.run_bridge`.
+runs until cancelled, normally through :func:`broker.serving.bridge_runner.run_bridge`.
 Bridge kinds register by adding one entry to :data:`RUNNERS`.
 
 Each bridge runs in its own nursery under a guard: an unexpected exception
@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from broker.protocols.eventer.bridge import run_eventer_bridge
-from broker.protocols.hsp.bridge import run_hsp_bridge
-from broker.protocols.mariner.bridge import run_mariner_bridge
-from broker.runtime.bridge import BridgeStatus, bridge_name
-from broker.runtime.config import BridgeSection
-from broker.runtime.context import BrokerContext
+from broker.protocols.eventer.eventer_bridge import run_eventer_bridge
+from broker.protocols.hsp.hsp_bridge import run_hsp_bridge
+from broker.protocols.mariner.mariner_bridge import run_mariner_bridge
+from broker.serving.bridge_runner import BridgeStatus, bridge_name
+from broker.serving.config import BridgeSection
+from broker.serving.context import BrokerContext
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 import trio
 
+from broker.app.reload import reload_config
+from broker.app.services import services
 from broker.core.router import Router
-from broker.runtime.config import Config, build_authenticator
-from broker.runtime.context import BrokerContext
-from broker.runtime.fdlimit import apply_descriptor_limit
-from broker.runtime.reload import reload_config
-from broker.runtime.scheduling import set_thread_slice
-from broker.runtime.services import services
+from broker.serving.config import Config, build_authenticator
+from broker.serving.context import BrokerContext
+from broker.serving.fdlimit import apply_descriptor_limit
+from broker.serving.scheduling import set_thread_slice
 from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ async def run(
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return.
 
     SIGHUP calls ``reload`` for a fresh configuration and applies it (see
-    :mod:`broker.runtime.reload`).
+    :mod:`broker.app.reload`).
     """
     config = apply_descriptor_limit(config)
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import logging
 
-from broker.runtime.config import (
+from broker.serving.config import (
     AUTH_LISTENERS,
     Config,
     ConfigError,
     build_authenticator,
     check_exposure,
 )
-from broker.runtime.context import BrokerContext
-from broker.runtime.fdlimit import apply_descriptor_limit
-from broker.runtime.tls import server_ssl_context
+from broker.serving.context import BrokerContext
+from broker.serving.fdlimit import apply_descriptor_limit
+from broker.serving.tls import server_ssl_context
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.cluster.service import serve_cluster
+from broker.app.configured_bridges import serve_bridges
+from broker.cluster.cluster_service import serve_cluster
 from broker.observability.http import serve_metrics
-from broker.observability.routelog.service import serve_routelog
+from broker.observability.routelog.routelog_service import serve_routelog
 from broker.protocols.eventer.listener import serve_eventer
 from broker.protocols.hsp.listener import serve_hsp
 from broker.protocols.mariner.listener import serve_mariner
 from broker.protocols.skan.listener import serve_skan
-from broker.runtime.bridges import serve_bridges
-from broker.runtime.config import Config
-from broker.store.service import serve_store
+from broker.serving.config import Config
+from broker.store.store_service import serve_store
 
 Service = tuple[str, Callable[[Config], bool], Callable[..., Any]]
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from broker.runtime.config import Config
+from broker.serving.config import Config
 from broker.store.store import default_dir
 
 # Client listeners shared by every worker (metrics are per worker).

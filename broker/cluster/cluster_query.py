@@ -3,7 +3,7 @@
 Each broker keeps what entered through it (its retention store and latest
 table see only messages routed from its own clients and bridges).  A query
 on one broker is asked of every other broker over NATS (see
-:mod:`broker.cluster.service`); each answers from its own store with
+:mod:`broker.cluster.cluster_service`); each answers from its own store with
 :func:`local_answer`, the answers travel as :func:`encode_answer` bytes, and
 the asking broker merges them with its own by EventId (:func:`merge`).
 
@@ -14,7 +14,7 @@ filters, ``visible``, ``view``) work on them unchanged.
 What the remote brokers are asked: the query without ``lastEventId`` (the
 sentinel may belong to any broker: the merge cuts at it) and without
 ``maxResults`` (the merge caps): each returns up to
-:data:`broker.protocols.eventer.query.QUERY_LIMIT` events, in the query's
+:data:`broker.store.retained_query.QUERY_LIMIT` events, in the query's
 order, and fewer when its reply would exceed NATS's ``max_payload``
 (``moreFollows`` is then set on the merged answer).
 """
@@ -37,7 +37,8 @@ from broker.core.retention import (
     Entry,
     RetentionStore,
 )
-from broker.protocols.eventer.query import (
+from broker.store import Store
+from broker.store.retained_query import (
     QUERY_LIMIT,
     Answer,
     LatestTable,
@@ -46,7 +47,6 @@ from broker.protocols.eventer.query import (
     run_query,
     run_store_query,
 )
-from broker.store import Store
 from wire import eventer as w
 from wire.eventer.messages import query_params_from_sbs, query_params_to_sbs
 

@@ -21,8 +21,8 @@ from functools import partial
 
 import trio
 
+from broker.cluster import cluster_query as cq
 from broker.cluster import interest
-from broker.cluster import query as cq
 from broker.cluster.backplane import Backplane
 from broker.cluster.link import (
     DEFAULT_MAX_PAYLOAD,
@@ -32,10 +32,10 @@ from broker.cluster.link import (
 )
 from broker.cluster.ratelog import RateLimitedLog
 from broker.core.queue import OutQueue
-from broker.runtime.config import ClusterSection, nats_address
-from broker.runtime.context import BrokerContext
-from broker.runtime.tls import client_ssl_context
-from broker.runtime.transport import (
+from broker.serving.config import ClusterSection, nats_address
+from broker.serving.context import BrokerContext
+from broker.serving.tls import client_ssl_context
+from broker.serving.transport import (
     close_slice,
     open_slice,
     relieve_congestion,

@@ -98,7 +98,7 @@ def encode_run(subject: bytes, server: int, session: int, first: int,
 # ---- what the publishing broker's backplane reads of a batch --------------
 #
 # batch_key and run_parts run once per routing batch on the publishing
-# broker (Backplane.observe).  broker/_speedups.c does each in one C loop;
+# broker (Backplane.observe).  broker/_observer_speedups.c does each in one C loop;
 # the functions below are the references and the fallback (SKAN_PURE_PYTHON=1,
 # no compiler, or anything the C code leaves to them by returning
 # NotImplemented); tests/cluster/test_run_speedups.py holds the two to each
@@ -142,8 +142,8 @@ _batch_key_c: Any = None
 _run_parts_c: Any = None
 if not PURE_PYTHON:
     try:
-        from broker._speedups import batch_key as _batch_key_c
-        from broker._speedups import run_parts as _run_parts_c
+        from broker._observer_speedups import batch_key as _batch_key_c
+        from broker._observer_speedups import run_parts as _run_parts_c
     except ImportError:  # pragma: no cover - built without a compiler (or an older build)
         _batch_key_c = _run_parts_c = None
     else:

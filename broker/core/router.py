@@ -358,7 +358,7 @@ class Router:
         self._routed_remote = 0  # how many of _routed came from a backplane
         # Set by the transport while a reader routes one slice: parked
         # writers of the slice's recipients register here and are sent to
-        # right after it (broker.runtime.transport.write_loop); None outside.
+        # right after it (broker.serving.transport.write_loop); None outside.
         self.slice_writes: list[Callable[[], None]] | None = None
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []

@@ -127,7 +127,7 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
 
 def send_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
     """The routing key ``(group, instance, to, is_reply)`` of a well-formed send from
-    ``lname``; None for any other message (which :meth:`SkanSession.handle` then
+    ``lname``; None for any other message (which :meth:`SkanHandler.handle` then
     examines field by field).  The one statement of what a routable send is:
     ``_speedups.decode_send`` compiles exactly this rule (differential tests)."""
     if header.get(b"type") != b"send":
@@ -157,14 +157,14 @@ def decode_send_py(
 
 
 # The hot path: one C call decodes the header and checks the send (see
-# wire/skan/_speedups.c); SKAN_PURE_PYTHON=1 or an unbuilt extension keeps this
+# wire/skan/_codec_speedups.c); SKAN_PURE_PYTHON=1 or an unbuilt extension keeps this
 # reference.
 decode_send = decode_send_py
 if codec.IMPLEMENTATION == "c":
     decode_send = codec._speedups.decode_send
 
 
-class SkanSession:
+class SkanHandler:
     """The Skan state of one connection (any transport carrying Skan messages)."""
 
     __slots__ = ("endpoint", "lname", "named", "router")

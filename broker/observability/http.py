@@ -36,8 +36,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from broker.core.reasons import LISTENER_PROTOCOLS
 from broker.observability.latency import RouteLatency
 from broker.observability.metrics import build_registry, prune_group_stats
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import (
+from broker.serving.context import BrokerContext
+from broker.serving.transport import (
     AcceptErrorLog,
     accept_loop,
     listener_address,

@@ -23,8 +23,8 @@ import trio
 from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
-from broker.runtime.config import BridgeSection
-from broker.runtime.tls import client_ssl_context
+from broker.serving.config import BridgeSection
+from broker.serving.tls import client_ssl_context
 from broker.store.spool import BridgeSpool
 from wire.errors import ProtocolError
 

@@ -106,7 +106,7 @@ class BrokerSection:
     max_subscriptions: int = attrs.field(
         default=DEFAULT_MAX_SUBSCRIPTIONS, validator=_positive
     )
-    # Scheduler hints (broker/runtime/scheduling.py): the routing thread's
+    # Scheduler hints (broker/serving/scheduling.py): the routing thread's
     # slice in seconds, so it preempts a writer thread when a message arrives
     # (0: the kernel's default; Linux 6.12+ takes 0.0001 to 0.1) ...
     routing_slice: float = attrs.field(default=100e-6, validator=_non_negative)

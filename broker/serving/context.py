@@ -9,18 +9,18 @@ import attrs
 import trio
 
 from broker.core.router import Router
-from broker.runtime.config import Config
-from broker.runtime.connections import ConnectionLimits, Connections
-from broker.runtime.tls import TLSListener
+from broker.serving.config import Config
+from broker.serving.connections import ConnectionLimits, Connections
+from broker.serving.tls import TLSListener
 
 if TYPE_CHECKING:
+    from broker.cluster.cluster_query import LocalQuery
     from broker.cluster.link import ClusterLink
-    from broker.cluster.query import LocalQuery
     from broker.core.retention import RetentionStore
     from broker.observability.routelog.writer import RoutingLog
-    from broker.protocols.eventer.query import LatestTable
-    from broker.runtime.bridge import BridgeStatus
+    from broker.serving.bridge_runner import BridgeStatus
     from broker.store import Store
+    from broker.store.retained_query import LatestTable
 
 
 @attrs.define(eq=False)
@@ -29,11 +29,11 @@ class BrokerContext:
     router: Router
     connections: Connections = attrs.Factory(Connections)
     # Live client connections against [broker] max_connections and each
-    # listener's own (see broker.runtime.transport.serve_protocol).
+    # listener's own (see broker.serving.transport.serve_protocol).
     limits: ConnectionLimits = attrs.Factory(
         lambda self: ConnectionLimits(self.config.broker.max_connections), takes_self=True
     )
-    # Names of the services this broker runs (see broker.runtime.services),
+    # Names of the services this broker runs (see broker.app.services),
     # known before any starts, so e.g. metrics know which listeners exist.
     services: tuple[str, ...] = ()
     # Connection handlers of every listener run here, outside the accept

@@ -16,7 +16,7 @@ import resource
 
 import attrs
 
-from broker.runtime.config import Config
+from broker.serving.config import Config
 
 log = logging.getLogger(__name__)
 

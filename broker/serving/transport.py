@@ -29,13 +29,13 @@ import trio
 from broker.core.queue import RECV_CHUNK, OutQueue, QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Router
-from broker.runtime.connections import Connections
-from broker.runtime.tls import TLSListener, server_ssl_context, tls_handshake
-from clients.common import idle_pinger
+from broker.serving.connections import Connections
+from broker.serving.tls import TLSListener, server_ssl_context, tls_handshake
+from toolkit.streams import idle_pinger
 
 if TYPE_CHECKING:
-    from broker.runtime.config import ProtocolListener
-    from broker.runtime.context import BrokerContext
+    from broker.serving.config import ProtocolListener
+    from broker.serving.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ async def run_connection(
                         if router.congested:
                             await pause_for_congestion()
                         # Bounded work per slice: an endpoint that stopped at its
-                        # slice bound (broker.core.session.SLICE_SECONDS) with input
+                        # slice bound (broker.core.skan_handler.SLICE_SECONDS) with input
                         # left is resumed after a checkpoint, so one connection's
                         # burst never holds the event loop for the whole chunk.
                         while more and ep.closing is None:
@@ -556,7 +556,7 @@ async def serve_protocol(
         cfg.host, section.port, section.tls_cert, section.tls_key, reuse_port=cfg.reuse_port,
         tls_ca=section.tls_ca, client_auth=section.tls_client_auth,
     )
-    # A configuration reload replaces their TLS contexts (broker.runtime.reload).
+    # A configuration reload replaces their TLS contexts (broker.app.reload).
     ctx.tls_listeners[str(protocol)] = [lst for lst in listeners if isinstance(lst, TLSListener)]
     limits = ctx.limits
     errors = AcceptErrorLog(protocol)

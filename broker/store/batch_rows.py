@@ -157,7 +157,7 @@ def batch_row_py(batch: list[Routed]) -> tuple | None:
             b"".join(frames))
 
 
-# broker/_speedups.c computes the same row in one C loop (no Python code and
+# broker/_observer_speedups.c computes the same row in one C loop (no Python code and
 # no temporary lists per message); batch_row_py above is the reference and
 # the fallback (SKAN_PURE_PYTHON=1, no compiler, or an argument the C code
 # leaves to it by returning NotImplemented).
@@ -165,7 +165,7 @@ BATCH_ROW_IMPLEMENTATION = "python"
 _batch_row_c = None
 if not PURE_PYTHON:
     try:
-        from broker._speedups import batch_row as _batch_row_c
+        from broker._observer_speedups import batch_row as _batch_row_c
     except ImportError:  # pragma: no cover - built without a compiler
         _batch_row_c = None
     else:

@@ -3,7 +3,7 @@
 It runs right after the routing log (so an unusable log directory is
 reported as such first) and before anything can route: the store continues
 the router's session numbering from what it reserved before.  The broker
-closes it after connections have drained (``broker.runtime.app``), so a
+closes it after connections have drained (``broker.app.lifecycle``), so a
 graceful stop commits everything.
 """
 
@@ -17,9 +17,9 @@ import trio
 
 from broker.core.retention import RetentionStore
 from broker.core.router import Router
-from broker.runtime.config import Config
-from broker.runtime.context import BrokerContext
-from broker.runtime.scheduling import lower_thread_priority
+from broker.serving.config import Config
+from broker.serving.context import BrokerContext
+from broker.serving.scheduling import lower_thread_priority
 from broker.store.store import Store, default_dir
 
 log = logging.getLogger(__name__)

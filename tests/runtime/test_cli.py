@@ -10,7 +10,7 @@ import sys
 import pytest
 import trio
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 

@@ -20,8 +20,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.runtime import app
-from broker.runtime.config import ConfigError, from_mapping
+from broker.app import lifecycle as app
+from broker.serving.config import ConfigError, from_mapping
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
 from wire.skan import decode, encode_frame

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 
 USER = {"name": "u", "token": "t"}
 

@@ -236,7 +236,7 @@ static PyObject *
 call_reference(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int rejected)
 {
     if (reference == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "wire.skan._speedups.setup() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "wire.skan._codec_speedups.setup() was not called");
         return NULL;
     }
     PyObject *result = PyObject_Vectorcall(reference, args, (size_t)nargs, kwnames);
@@ -553,13 +553,13 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "wire.skan._speedups",
+    PyModuleDef_HEAD_INIT, "wire.skan._codec_speedups",
     "Compiled Skan routing-header decoder and frame splitter (see codec.py).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
-PyInit__speedups(void)
+PyInit__codec_speedups(void)
 {
     for (size_t i = 0; i < N_COMMON; i++) {
         common_len[i] = (Py_ssize_t)strlen(COMMON[i]);

@@ -92,4 +92,4 @@ def split(data: bytes, pos: int, max_frame: int) -> tuple[list[bytes], int, int,
 split_frames = split
 if not PURE_PYTHON:
     with contextlib.suppress(ImportError):  # not built: the reference serves
-        from wire.skan._speedups import split as split_frames
+        from wire.skan._codec_speedups import split as split_frames

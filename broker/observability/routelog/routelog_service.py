@@ -17,8 +17,8 @@ import trio
 
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
-from broker.runtime.context import BrokerContext
-from broker.runtime.scheduling import lower_thread_priority
+from broker.serving.context import BrokerContext
+from broker.serving.scheduling import lower_thread_priority
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 One bridge = one routing endpoint (lname, protocol ``bridge-eventer``) that
 lives as long as the broker, subscribed to the configured (group, instance),
 so local messages are buffered even while the server is down.  The remote
-side is :class:`clients.eventer.EventerClient` (the same client users get)
+side is :class:`toolkit.eventer_client.EventerClient` (the same client users get)
 over the stream of the shared bridge dialler, initialised with the
 configured ``subscriptions`` (default ``[[group, "*"]]``).
 
@@ -39,17 +39,17 @@ import trio
 from broker.core import events
 from broker.core.reasons import Protocol
 from broker.core.router import Routed
-from broker.runtime.bridge import (
+from broker.serving.bridge_runner import (
     BridgeStatus,
     BufferedBridgeEndpoint,
     bridge_route,
     open_bridge_stream,
     run_bridge,
 )
-from broker.runtime.config import BridgeSection
-from broker.runtime.context import BrokerContext
+from broker.serving.config import BridgeSection
+from broker.serving.context import BrokerContext
 from broker.store.spool import BridgeSpool
-from clients.eventer import EventerClient
+from toolkit.eventer_client import EventerClient
 from wire import eventer as w
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,6 @@ class EventerBridge:
 
 async def run_eventer_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
-    """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.runtime.bridges)."""
+    """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.app.configured_bridges)."""
     bridge = EventerBridge(ctx, cfg, status)
     await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)

@@ -39,18 +39,18 @@ from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.router import Routed, Router
 from broker.protocols.hsp.listener import TOO_LARGE
-from broker.runtime.bridge import (
+from broker.serving.bridge_runner import (
     BridgeStatus,
     BufferedBridgeEndpoint,
     bridge_route,
     open_bridge_stream,
     run_bridge,
 )
-from broker.runtime.config import BridgeSection
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import RECV_SIZE, write_loop
+from broker.serving.config import BridgeSection
+from broker.serving.context import BrokerContext
+from broker.serving.transport import RECV_SIZE, write_loop
 from broker.store.spool import BridgeSpool
-from clients.common import idle_pinger
+from toolkit.streams import idle_pinger
 from wire.errors import ProtocolError
 from wire.hsp import (
     DATA_ACK,
@@ -304,7 +304,7 @@ class _Link:
 
 
 async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
-    """Runner for ``[[bridges]] protocol = "hsp"`` (see broker.runtime.bridges)."""
+    """Runner for ``[[bridges]] protocol = "hsp"`` (see broker.app.configured_bridges)."""
     hsp = ctx.config.hsp
     bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
                        hsp.ping_delay, hsp.ping_timeout,

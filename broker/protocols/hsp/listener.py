@@ -2,7 +2,7 @@
 
 DATA and DATA_ACK with Type 1 carry one complete Skan message (magic
 included, no length prefix) and go through the very same
-:class:`~broker.core.session.SkanSession` as native Skan connections.
+:class:`~broker.core.skan_handler.SkanHandler` as native Skan connections.
 HSP's framing puts the payload's 4-byte big-endian length right before it,
 which is exactly a Skan frame, so the decoder hands the session a slice of
 the received bytes and the router forwards it unchanged.
@@ -23,7 +23,7 @@ Type is dropped and counted.  An unknown command byte (or an ACK for a
 MessageID we never used) closes the connection.
 
 Broker-side logic is synchronous (``on_bytes``); the trio part is the shared
-:func:`broker.runtime.transport.serve_protocol` (keep-alive included).  The
+:func:`broker.serving.transport.serve_protocol` (keep-alive included).  The
 HSP opening is the first message: the handshake timeout ends once any
 complete HSP message has arrived.
 """
@@ -39,9 +39,9 @@ import trio
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import InputSlices, Rejected, SkanSession, error_frame
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
+from broker.core.skan_handler import InputSlices, Rejected, SkanHandler, error_frame
+from broker.serving.context import BrokerContext
+from broker.serving.transport import serve_protocol
 from wire.hsp import (
     DATA_ACK,
     Ack,
@@ -89,7 +89,7 @@ class HSPEndpoint(QueuedEndpoint):
     def __init__(self, router: Router, queue_limit: int, policy: str, max_payload: int) -> None:
         super().__init__(router, queue_limit, policy)
         self.hsp = HSPConnection(max_payload)
-        self.session = SkanSession(router, self)
+        self.session = SkanHandler(router, self)
         self.counters = router.counters
         # While a DATA_ACK is being handled, its replies wait here so the ACK goes first.
         self._held: list[bytes] | None = None

@@ -2,7 +2,7 @@
 
 One bridge = one routing endpoint (lname, protocol ``bridge-mariner``) that
 lives as long as the broker.  It connects as a Mariner client
-(:class:`clients.mariner.MarinerClient`, the same client people use) with
+(:class:`toolkit.mariner_client.MarinerClient`, the same client people use) with
 the configured ``subscriptions`` (default ``[[group, "*"]]``), ``token``
 and ``client_name``; every received event becomes a Skan send (``to`` "*",
 ``from`` the bridge's lname) into the group and instance its type maps to
@@ -31,12 +31,12 @@ import logging
 from broker.core.events import MappingError, send_for_event
 from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.router import Endpoint, Routed, Router
-from broker.runtime.bridge import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
-from broker.runtime.config import BridgeSection
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import relieve_congestion
+from broker.serving.bridge_runner import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
+from broker.serving.config import BridgeSection
+from broker.serving.context import BrokerContext
+from broker.serving.transport import relieve_congestion
 from broker.store.spool import BridgeSpool
-from clients.mariner import MarinerClient
+from toolkit.mariner_client import MarinerClient
 from wire import mariner as mw
 from wire.errors import ProtocolError
 
@@ -146,7 +146,7 @@ class MarinerBridge:
 
 async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
-    """Runner for ``[[bridges]] protocol = "mariner"`` (see broker.runtime.bridges)."""
+    """Runner for ``[[bridges]] protocol = "mariner"`` (see broker.app.configured_bridges)."""
     section = ctx.config.mariner
     bridge = MarinerBridge(
         ctx.router, cfg, status, max_frame=ctx.config.broker.max_frame,

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trustme
 
-from broker.runtime.config import ConfigError, from_mapping
+from broker.serving.config import ConfigError, from_mapping
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import RawHTTP
 
