@@ -3,10 +3,10 @@
 A bridge is a routing endpoint (so routed messages reach it like any
 client) whose deliveries go into a bounded buffer that the bridge's own
 tasks drain towards the remote peer.  The protocol-specific part is one
-``session(status)`` coroutine that dials with :func:`open_bridge_stream`
+``attempt(status)`` coroutine (one connection attempt) that dials with :func:`open_bridge_stream`
 (the one TCP/TLS dialler of every bridge), runs until the connection fails,
 and returns or raises; :func:`run_bridge` keeps the endpoint attached for
-the bridge's lifetime and reconnects the session with capped exponential
+the bridge's lifetime and reconnects with capped exponential
 backoff, keeping the status that metrics export.
 """
 
@@ -183,13 +183,13 @@ async def run_bridge(
     ep: Endpoint,
     status: BridgeStatus,
     cfg: BridgeSection,
-    session: Callable[[BridgeStatus], Awaitable[None]],
+    attempt: Callable[[BridgeStatus], Awaitable[None]],
     *,
     subscribe: bool = True,
 ) -> None:
     """Attach ``ep`` (subscribed to the bridge's group and instance unless
     ``subscribe`` is false) for as long as the bridge runs, and run
-    ``session`` forever, reconnecting with capped exponential backoff plus jitter.
+    ``attempt`` forever, reconnecting with capped exponential backoff plus jitter.
 
     The endpoint lives as long as the broker, so messages for the peer are
     buffered even while it is unreachable.
@@ -203,7 +203,7 @@ async def run_bridge(
         except NotPermitted as exc:
             _denied(status, exc)
     try:
-        await _reconnect_forever(status, cfg, session)
+        await _reconnect_forever(status, cfg, attempt)
     finally:
         router.detach(ep, CloseReason.BRIDGE_STOPPED)
 
@@ -211,12 +211,12 @@ async def run_bridge(
 async def _reconnect_forever(
     status: BridgeStatus,
     cfg: BridgeSection,
-    session: Callable[[BridgeStatus], Awaitable[None]],
+    attempt: Callable[[BridgeStatus], Awaitable[None]],
 ) -> None:
     delay = cfg.backoff_initial
     while True:
         try:
-            await session(status)
+            await attempt(status)
             status.last_error = "connection closed"
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError,
                 ProtocolError) as exc:

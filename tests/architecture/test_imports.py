@@ -200,4 +200,4 @@ def test_analytics_default_log_dir_is_the_brokers():
     from analytics.cli import DEFAULT_LOG_DIR
     from broker.serving.config import LogSection
 
-    assert DEFAULT_LOG_DIR == attrs.fields_dict(LogSection)["dir"].default
+    assert attrs.fields_dict(LogSection)["dir"].default == DEFAULT_LOG_DIR

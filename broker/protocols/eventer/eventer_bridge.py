@@ -165,13 +165,13 @@ class EventerBridge:
 
     # ---- one connection --------------------------------------------------------------
 
-    async def session(self, status: BridgeStatus) -> None:
+    async def attempt(self, status: BridgeStatus) -> None:
         try:
-            await self._session(status)
+            await self._attempt(status)
         except BaseExceptionGroup as group:
             raise _collapse(group) from None
 
-    async def _session(self, status: BridgeStatus) -> None:
+    async def _attempt(self, status: BridgeStatus) -> None:
         section = self.ctx.config.eventer
         self.sent = self.answered = 0
         stream = await open_bridge_stream(self.cfg)
@@ -194,4 +194,4 @@ async def run_eventer_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.app.configured_bridges)."""
     bridge = EventerBridge(ctx, cfg, status)
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt)

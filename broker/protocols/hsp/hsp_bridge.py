@@ -158,7 +158,7 @@ class HSPBridge:
 
     # ---- one connection -------------------------------------------------------
 
-    async def session(self, status: BridgeStatus) -> None:
+    async def attempt(self, status: BridgeStatus) -> None:
         stream = await open_bridge_stream(self.cfg)
         conn = _Link(self, stream)
         status.up = True
@@ -309,4 +309,4 @@ async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeS
     bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
                        hsp.ping_delay, hsp.ping_timeout,
                        BridgeSpool.of(ctx.retention, status.name))
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session)
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt)

@@ -118,7 +118,7 @@ class MarinerBridge:
 
     # ---- one connection -------------------------------------------------------
 
-    async def session(self, status: BridgeStatus) -> None:
+    async def attempt(self, status: BridgeStatus) -> None:
         stream = await open_bridge_stream(self.cfg)
         async with MarinerClient.over(
             stream,
@@ -155,4 +155,4 @@ async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
         spool=BridgeSpool.of(ctx.retention, status.name),
     )
     # Mariner clients only receive: the bridge subscribes to nothing locally.
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.session, subscribe=False)
+    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt, subscribe=False)
