@@ -177,6 +177,12 @@ class MarinerSection(_PeerListener):
     token: str | None = None
 
 
+def _hex_sha256(inst: Any, attr: attrs.Attribute, value: str | None) -> None:
+    if value is not None and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF"
+                                                      for c in value)):
+        raise ValueError("must be 64 hex digits (skan-broker hash-token prints it)")
+
+
 @attrs.frozen
 class MetricsSection(_Listener):
     port: int = _port_field(9914)
@@ -189,6 +195,18 @@ class MetricsSection(_Listener):
     # client blow up the scrape size and Prometheus' memory.
     groups: tuple[str, ...] = ()
     top_groups: int = attrs.field(default=10, validator=_non_negative)
+    # Credentials every request but /healthz must carry once one is set
+    # (docs/metrics.md "Protection"): a bearer token (Prometheus'
+    # ``authorization: credentials:``) and/or a user name and password
+    # (``basic_auth:``), each in plain text or as its SHA-256 (skan-broker
+    # hash-token), as users' tokens are.  With none of them (and no required
+    # client certificate) /metrics is open as before and the connection
+    # listing is served only on a loopback bind.
+    token: str | None = None
+    token_sha256: str | None = attrs.field(default=None, validator=_hex_sha256)
+    username: str | None = None
+    password: str | None = None
+    password_sha256: str | None = attrs.field(default=None, validator=_hex_sha256)
 
 
 @attrs.frozen
@@ -245,12 +263,6 @@ class AuthSection:
     allow_anonymous: bool | None = None
     # Anonymous clients get this user's permissions (else full rights).
     anonymous_user: str | None = None
-
-
-def _hex_sha256(inst: Any, attr: attrs.Attribute, value: str | None) -> None:
-    if value is not None and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF"
-                                                      for c in value)):
-        raise ValueError("must be 64 hex digits (skan-broker hash-token prints it)")
 
 
 def _group_patterns(inst: Any, attr: attrs.Attribute, value: tuple[str, ...]) -> None:
@@ -504,12 +516,34 @@ def validate(config: Config) -> None:
         if section.tls_client_auth != "none" and section.tls_ca is None:
             raise ConfigError(f"{name}.tls_client_auth",
                               "client certificates need tls_ca (the CA that signs them)")
-        if name == "metrics" and section.tls_client_auth != "none":
+        if name == "metrics" and section.tls_client_auth == "optional":
             raise ConfigError("metrics.tls_client_auth",
-                              "client certificates are not supported on the metrics listener")
+                              "the metrics listener takes 'none' or 'require' (a required "
+                              "certificate is its credential; use token or username for "
+                              "clients without one)")
         if section.tls_ca is not None and section.tls_cert is None:
             raise ConfigError(f"{name}.tls_ca", "needs tls_cert and tls_key (TLS on the listener)")
+    _validate_metrics_credentials(config.metrics)
     _validate_users(config)
+
+
+def _validate_metrics_credentials(m: MetricsSection) -> None:
+    if m.token is not None and m.token_sha256 is not None:
+        raise ConfigError("metrics.token", "give token or token_sha256, not both")
+    if m.token == "":
+        raise ConfigError("metrics.token", "must not be empty")
+    if m.password is not None and m.password_sha256 is not None:
+        raise ConfigError("metrics.password", "give password or password_sha256, not both")
+    has_password = m.password is not None or m.password_sha256 is not None
+    if m.username is not None and not has_password:
+        raise ConfigError("metrics.username", "needs password or password_sha256 (basic auth)")
+    if has_password and not m.username:
+        raise ConfigError("metrics.password", "needs username (basic auth)")
+    if m.username is not None and ":" in m.username:
+        raise ConfigError("metrics.username", "must not contain ':' (basic auth joins "
+                          "user and password with it)")
+    if m.password == "":
+        raise ConfigError("metrics.password", "must not be empty")
 
 
 def _validate_users(config: Config) -> None:

@@ -113,6 +113,17 @@ def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
     return host, port
 
 
+def peer_address(stream: trio.abc.Stream) -> str | None:
+    """The peer's ``host:port`` (``[v6]:port``), or None when the socket says nothing."""
+    inner = getattr(stream, "transport_stream", stream)
+    sock = getattr(inner, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 # ---- the writer loop ----------------------------------------------------------------
 
 
@@ -572,6 +583,7 @@ async def serve_protocol(
             return
         try:
             ep = new_endpoint()
+            ep.remote = peer_address(stream)  # once per connection (the listing shows it)
             router.attach(ep)
             await run_connection(
                 stream, ep, router, ctx.connections,
