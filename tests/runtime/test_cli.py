@@ -17,9 +17,11 @@ from tests.brokerproc import ROOT, BrokerProcess
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+def run_broker(*args: str, timeout: float = 20, cwd: os.PathLike | str | None = None
+               ) -> subprocess.CompletedProcess:
+    # Never the checkout: a broker's default directories are relative (var/...).
     return subprocess.run([sys.executable, "-m", "broker", *args], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd if cwd is not None else "/")
 
 
 @pytest.mark.parametrize(
@@ -71,11 +73,20 @@ def test_missing_config_file_refused():
     assert proc.returncode == 2 and "cannot read" in proc.stderr
 
 
-def test_port_in_use_is_a_clear_error():
+@pytest.mark.parametrize("busy", ["skan", "metrics"])
+def test_port_in_use_is_a_clear_error_and_leaves_nothing_behind(tmp_path, busy):
     with BrokerProcess() as b:
-        proc = run_broker("--skan-port", str(b.skan[1]), "--hsp-port", "0", "--eventer-port",
-                          "0", "--mariner-port", "0", "--metrics-port", "0")
-        assert proc.returncode != 0 and "cannot start" in proc.stderr
+        ports = {name: "0" for name in ("skan", "hsp", "eventer", "mariner", "metrics")}
+        ports[busy] = str(b.addr[busy][1])
+        flags = [arg for name, port in ports.items() for arg in (f"--{name}-port", port)]
+        # The default directories (var/routing-log, var/store) are relative to
+        # the working directory: the broker must not create them when it
+        # cannot listen.
+        proc = run_broker(*flags, cwd=tmp_path)
+        assert proc.returncode == 1
+        assert f"cannot start {busy} listener on 127.0.0.1:{ports[busy]}" in proc.stderr
+        assert "address already in use" in proc.stderr
+        assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
