@@ -271,15 +271,34 @@ async def _sub(client: SkanClient, args: argparse.Namespace) -> int:
 
 
 async def _request(client: SkanClient, args: argparse.Namespace) -> int:
+    directed = args.to != "*"
+    # A directed request to an lname nobody has is undeliverable, which the
+    # broker counts: compare its counter around the send to say so.
+    before = await _undeliverable(client) if directed else None
     try:
         reply = await client.request(args.group, args.message, to=args.to,
                                      instance=args.instance, timeout=args.timeout)
     except trio.TooSlowError:
-        print(f"{PROG}: no reply within {args.timeout:g}s (is a `skan reply {args.group}` "
-              "running?)", file=sys.stderr)
+        if not directed:
+            why = f"is a `skan reply {args.group}` running?"
+        elif before is not None and await _undeliverable(client) == before:
+            why = (f"{args.to} received it and did not answer: is it a `skan reply "
+                   f"{args.group}`?")
+        else:
+            why = (f"the broker found no recipient: no connection has the lname {args.to} "
+                   f"and subscribes to {args.group} (lnames change on every connection: "
+                   "`skan reply` prints its own, `skan connections` lists them)")
+        print(f"{PROG}: no reply within {args.timeout:g}s ({why})", file=sys.stderr)
         return 1
     cliutil.out(format_message(reply, args.json))
     return 0
+
+
+async def _undeliverable(client: SkanClient) -> int | None:
+    try:
+        return int((await client.stats()).get("undeliverable", 0))
+    except (TypeError, ValueError):
+        return None
 
 
 async def _reply(client: SkanClient, args: argparse.Namespace) -> int:
