@@ -50,6 +50,7 @@ from broker.runtime.transport import (
     accept_loop,
     listener_address,
     open_listeners,
+    peer_address,
 )
 
 log = logging.getLogger(__name__)
@@ -364,13 +365,7 @@ class _Slot:
 
 
 def _peer(stream: trio.abc.Stream) -> str:
-    inner = getattr(stream, "transport_stream", stream)
-    sock = getattr(inner, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
-    except (AttributeError, OSError):
-        return "?"
-    return f"{host}:{port}"
+    return peer_address(stream) or "?"
 
 
 @attrs.define(eq=False)
