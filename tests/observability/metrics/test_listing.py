@@ -355,3 +355,27 @@ def test_prometheus_scrapes_with_a_bearer_token():
         finally:
             prom.cleanup()
             bare.cleanup()
+
+
+async def test_drops_of_a_slow_consumer_are_listed():
+    config = ('[broker]\nmax_frame = 65536\nqueue_limit = 4194304\nslow_consumer = "drop"\n'
+              "slow_consumer_grace = 0\n")
+    with BrokerProcess(config) as b:
+        async with SkanClient.connect(*b.skan) as pub, SkanClient.connect(*b.skan) as fine:
+            await fine.subscribe("other")
+            slow, slow_lname = await open_slow_consumer(b.skan, "firehose")
+            for _ in range(FIREHOSE):  # ~12 MiB into a 4 MiB queue
+                await pub.send("firehose", PAYLOAD)
+            await pub.barrier()
+            deadline = trio.current_time() + 20
+            while True:
+                data = await listing(b.addr["metrics"], "/connections?sort=dropped")
+                first = data["connections"][0]
+                if first["lname"] == slow_lname.decode() and first["dropped"] > 0:
+                    break
+                assert trio.current_time() < deadline, data
+                await trio.sleep(0.3)
+            assert first["msgs_out"] + first["dropped"] == FIREHOSE
+            assert first["queue_bytes"] <= 4194304
+            assert all(r["dropped"] == 0 for r in data["connections"][1:])
+            await slow.aclose()
