@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import ssl
+import sys
 
 import pytest
 import trio
 import trustme
 
 from broker.runtime.config import ConfigError, from_mapping
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import RawHTTP
 
 
@@ -90,3 +92,14 @@ async def test_a_required_client_certificate_opens_the_listing_off_loopback(tmp_
             await conn.send(b"GET /connections HTTP/1.1\r\nHost: localhost\r\n\r\n")
             await conn.response()
         assert not any("listing is off" in line for line in b.stderr_lines)
+        # The command line presents its certificate with the usual TLS options.
+        client = ca.issue_cert("operator")
+        client.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "op.pem"))
+        proc = await trio.run_process(
+            [sys.executable, "-m", "clients.cli", "--host", "127.0.0.1", "--tls-ca",
+             str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "op.pem"), "connections",
+             "--metrics-port", str(addr[1])],
+            capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(b"LNAME") and b"# 0-0 of 0 connections" in proc.stdout
