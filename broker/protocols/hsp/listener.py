@@ -82,10 +82,12 @@ WRONG_PORT = ("this is the broker's HSP port: native Skan clients use the Skan p
 
 
 def _skan_not_hsp(data: bytes) -> bool:
-    """A connection's first bytes are a Skan frame, not HSP: read as HSP they
-    would be a DATA of Type 0 (which no client sends: Skan travels as Type 1)
-    whose Length begins with "Ska"."""
-    return looks_like_skan(data) and data[1:3] == b"\x00\x00"
+    """A connection's first bytes are a Skan frame (a length under 16 MiB, then
+    the "Skan" magic), not HSP.  Read as HSP they would be a DATA whose Length
+    ends in "Ska" (over 5 MiB) and whose payload begins with "n": for Type 1
+    that payload would have to be a Skan frame of over 1.8 GB, and other
+    Types are dropped anyway, so no HSP client's opening looks like this."""
+    return looks_like_skan(data)
 
 # What a connection over max_connections receives before it is closed: the
 # Skan error frame as DATA Type 1, as every fault of a plain DATA is reported.
