@@ -23,7 +23,13 @@ from typing import Any
 import attrs
 import trio
 
-from clients.common import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
+from clients.common import (
+    CONNECT_TIMEOUT,
+    AnswersHTTP,
+    ReceiveIterator,
+    open_stream,
+    tidy_reason,
+)
 from wire.errors import RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
 
@@ -325,10 +331,11 @@ class SkanClient(ReceiveIterator):
         except RemoteProtocolError as exc:
             # The bytes are not Skan (or, over HSP, not HSP): the stream
             # cannot be trusted any more.
-            if head.startswith(b"HTTP/"):
+            if isinstance(exc, AnswersHTTP):  # over HSP: the adapter recognised it
+                self._ended(str(exc))
+            elif head.startswith(b"HTTP/"):
                 # "HTTP" read as a length is a frame of 1213486160 bytes: say what it is.
-                self._ended("it answers HTTP, not Skan (the broker's metrics port? Skan's "
-                            "default port is 9912)")
+                self._ended(str(AnswersHTTP("Skan", DEFAULT_PORT)))
             else:
                 self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
             await trio.aclose_forcefully(self._stream)

@@ -110,6 +110,8 @@ def broker():
     ("skan", ["stats"], "mariner", "is not a Skan broker"),
     ("skan", ["--protocol", "hsp", "stats"], "skan", "is not a Skan broker"),
     ("skan", ["--protocol", "hsp", "stats"], "eventer", "is not a Skan broker"),
+    ("skan", ["--protocol", "hsp", "stats"], "metrics",
+     "is not a Skan broker: it answers HTTP, not HSP"),
     ("skan-eventer", ["query", "latest"], "skan", "is not an Eventer server"),
     ("skan-eventer", ["query", "latest"], "hsp", "is not an Eventer server"),
     ("skan-eventer", ["query", "latest"], "mariner", "is not an Eventer server"),
