@@ -8,6 +8,7 @@ are the metrics listener's (``[metrics] token`` as ``Authorization: Bearer``,
 from __future__ import annotations
 
 import base64
+import calendar
 import json
 import ssl
 import time
@@ -226,5 +227,5 @@ def _footer(shown: int, total: int, noun: str, data: dict[str, Any]) -> str:
 
 def _parse_iso(text: str) -> float:
     base, _, frac = text.rstrip("Z").partition(".")
-    t = time.mktime(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    t = calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S"))
     return t + (float(f"0.{frac}") if frac else 0.0)
