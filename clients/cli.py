@@ -144,6 +144,18 @@ CONNECTION_SORTS = ("since", "lname", "queue", "queue_frames", "msgs_out", "msgs
                     "bytes_out", "bytes_in", "dropped", "subscriptions")
 
 
+# Rows per listing reply the broker allows (broker/observability/listing.py MAX_LIMIT).
+MAX_LISTING_LIMIT = 1000
+
+
+def _listing_limit(text: str) -> int:
+    value = cliutil.positive_int(text)
+    if value > MAX_LISTING_LIMIT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LISTING_LIMIT}, not {value} "
+                                         "(page with --offset)")
+    return value
+
+
 def _add_listing_parsers(sub: Any) -> None:
     """`skan connections` and `skan subscriptions`: the metrics listener's listing over HTTP."""
 
@@ -162,8 +174,8 @@ def _add_listing_parsers(sub: Any) -> None:
         q.add_argument("--user", help="only connections of this [[users]] name")
         q.add_argument("--group", help="only subscriptions that may take this group's messages")
         q.add_argument("--lname", help="only this connection")
-        q.add_argument("--limit", type=cliutil.positive_int, default=50,
-                       help="rows to show (the broker allows at most 1000)")
+        q.add_argument("--limit", type=_listing_limit, default=50,
+                       help="rows to show, at most 1000 (the broker's cap)")
         q.add_argument("--offset", type=cliutil.non_negative_int, default=0,
                        help="rows to skip (paging)")
         q.add_argument("--order", choices=["asc", "desc"],
