@@ -20,6 +20,7 @@ from broker.serving.config import Config, build_authenticator
 from broker.serving.context import BrokerContext
 from broker.serving.fdlimit import apply_descriptor_limit
 from broker.serving.scheduling import set_thread_slice
+from broker.serving.transport import probe_listen
 from broker.store import Store
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,26 @@ def new_router(config: Config) -> Router:
         return Router(hostname=f"{socket.gethostname()}/{b.server_id}", server_id=b.server_id,
                       **limits)
     return Router(server_id=b.server_id, **limits)
+
+
+# Services that listen on a port of their own config section.
+LISTENING_SERVICES = ("skan", "hsp", "eventer", "mariner", "metrics")
+
+
+async def _probe_ports(config: Config, names: tuple[str, ...]) -> None:
+    """Every listener's port can be bound, checked before any service starts:
+    the routing log and the store create their directories as they start, and
+    a broker that cannot listen must leave nothing behind."""
+    for name in LISTENING_SERVICES:
+        if name not in names:
+            continue
+        section = getattr(config, name)
+        host = getattr(section, "host", None) or config.broker.host
+        reuse = config.broker.reuse_port and name != "metrics"
+        try:
+            await probe_listen(host, section.port, reuse_port=reuse)
+        except OSError as exc:
+            raise StartupError.of(name, config, exc) from exc
 
 
 def _print_ready(lines: list[str]) -> None:
@@ -95,6 +116,7 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
         ctx_out.append(ctx)
     if stop is None:
         stop = trio.Event()
+    await _probe_ports(config, ctx.services)
     async with trio.open_nursery() as outer:
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:
