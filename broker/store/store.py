@@ -40,6 +40,16 @@ import attrs
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
+from broker.store.batch_rows import (
+    MAX_RUN,
+    MAX_RUN_BYTES,
+    MAX_RUN_SPAN,
+    RUN_COLUMNS,
+    RunBuilder,
+    batch_row,
+    decode,
+    unpack,
+)
 from broker.store.carry import SpoolCarry
 from broker.store.db import (
     DB_NAME,
@@ -49,16 +59,6 @@ from broker.store.db import (
     new_store_id,
     open_store,
     read_meta,
-)
-from broker.store.runs import (
-    MAX_RUN,
-    MAX_RUN_BYTES,
-    MAX_RUN_SPAN,
-    RUN_COLUMNS,
-    RunBuilder,
-    batch_row,
-    decode,
-    unpack,
 )
 from broker.store.state import StoreState, state_path, write_state
 from wire.hattime import split_timestamp
@@ -401,7 +401,7 @@ class Store:
             return
         batch = _expand([ops.popleft() for _ in range(n)])
         # Per message, only what SQLite needs: this loop holds the GIL that
-        # routing needs too (see broker/store/runs.py for why runs).
+        # routing needs too (see broker/store/batch_rows.py for why runs).
         rows: list[tuple] = []
         latest: dict[tuple[bytes, bytes], tuple] = {}
         spool_add: list[tuple] = []

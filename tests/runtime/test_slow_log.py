@@ -1,4 +1,4 @@
-"""The slow-consumer disconnect log's rate limit (broker/runtime/transport.py), fake clock."""
+"""The slow-consumer disconnect log's rate limit (broker/serving/transport.py), fake clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 from broker.core.router import Router
 from broker.protocols.skan.listener import SkanEndpoint
-from broker.runtime.transport import SLOW_LOG_BURST, SLOW_LOG_INTERVAL, SlowConsumerLog
+from broker.serving.transport import SLOW_LOG_BURST, SLOW_LOG_INTERVAL, SlowConsumerLog
 
 
 def test_one_line_each_up_to_the_burst_then_the_count_of_those_held_back(caplog):
@@ -16,7 +16,7 @@ def test_one_line_each_up_to_the_burst_then_the_count_of_those_held_back(caplog)
     ep = SkanEndpoint(router, 1 << 22, "disconnect", 1 << 20)
     router.attach(ep)
     ep.unsent = (7, 7000)
-    caplog.set_level(logging.WARNING, logger="broker.runtime.transport")
+    caplog.set_level(logging.WARNING, logger="broker.serving.transport")
     for _ in range(SLOW_LOG_BURST + 5):
         slow_log(ep)
     lines = [r.getMessage() for r in caplog.records]

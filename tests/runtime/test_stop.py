@@ -17,12 +17,12 @@ import time
 import pytest
 import trio
 
-from clients.eventer import EventerClient
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
 from tests.store.test_missing_files import TYPE, all_events, key
 from tests.store.test_restart import eventer_client, ids, workdir
+from toolkit.eventer_client import EventerClient
 from wire.eventer.messages import RegisterEvent
 
 pytestmark = [pytest.mark.trio]

@@ -21,9 +21,9 @@ import sys
 import pytest
 import trio
 
-from clients.eventer import EventerClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.store.test_restart import stopped, workdir
+from toolkit.eventer_client import EventerClient
 from wire.eventer.messages import QueryTimeseriesParams, RegisterEvent
 from wire.hat import EventId, JsonPayload
 
