@@ -198,9 +198,14 @@ class LogSection:
     # Rotate a file when it reaches this many bytes or this age, whichever first.
     rotate_bytes: int = attrs.field(default=64 * MiB, validator=_positive)
     rotate_seconds: float = attrs.field(default=60.0, validator=_positive)
+    # File format (docs/routing-log.md): Parquet with zstd, or JSON Lines.
+    format: str = attrs.field(default="parquet", validator=_one_of("parquet", "jsonl"))
     # Records buffered between the router and the writer thread before
-    # routing applies back-pressure.
+    # when_full applies: "drop" counts and drops further records, routing
+    # goes on; "backpressure" closes the admission gate until the writer
+    # has caught up.
     queue_records: int = attrs.field(default=200_000, validator=_positive)
+    when_full: str = attrs.field(default="drop", validator=_one_of("drop", "backpressure"))
     # Retention: the oldest complete files are removed once all complete files
     # together pass max_bytes, or a file is older than max_age seconds (0 = no
     # limit).  A routing log left alone must not fill the disk; 1 GiB is 16
