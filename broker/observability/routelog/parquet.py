@@ -99,7 +99,7 @@ class _Sink(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # noqa: ANN001 - any buffer
+    def write(self, b) -> int:
         data = bytes(b)
         self._chunks.append(data)
         self._pos += len(data)

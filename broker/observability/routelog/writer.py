@@ -88,7 +88,7 @@ class RoutingLog:
         queue_records: int,
         max_bytes: int = 0,
         max_age: float = 0.0,
-        format: str = "parquet",  # noqa: A002 - the [log] key's name
+        format: str = "parquet",
         when_full: str = "drop",
         close_gate: Callable[[], None] = _noop,
         request_open: Callable[[], None] = _noop,
