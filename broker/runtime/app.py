@@ -17,6 +17,7 @@ from broker.core.router import Router
 from broker.runtime.config import Config, build_authenticator
 from broker.runtime.context import BrokerContext
 from broker.runtime.fdlimit import apply_descriptor_limit
+from broker.runtime.memory import return_large_frames
 from broker.runtime.reload import reload_config
 from broker.runtime.scheduling import set_thread_slice
 from broker.runtime.services import services
@@ -76,6 +77,7 @@ async def run(
     :mod:`broker.runtime.reload`).
     """
     config = apply_descriptor_limit(config)
+    return_large_frames()
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)

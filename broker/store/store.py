@@ -40,8 +40,16 @@ import attrs
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
+from broker.runtime.memory import trim
 from broker.store.carry import SpoolCarry
-from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
+from broker.store.db import (
+    BUSY_TIMEOUT_MS,
+    DB_NAME,
+    StoreError,
+    connect,
+    open_store,
+    read_meta,
+)
 from broker.store.runs import (
     MAX_RUN,
     MAX_RUN_BYTES,
@@ -72,6 +80,17 @@ LOG_INTERVAL = 10.0
 # walk reads every row of the group and skips the other types in Python.
 # Bounds the SQL statement (one parameter per type).
 MAX_QUERY_TYPES = 64
+# Frame bytes of one write transaction, and the WAL size past which the
+# writer checkpoints and truncates it: max_bytes / WAL_SHARE each, so the
+# store's files stay within about 1.5x max_bytes (docs/store.md, "Disk
+# bounds"), but at least MIN_TXN_BYTES (few, large commits when max_bytes
+# is small) and at most MAX_TXN_BYTES (a commit's fsync stays short).
+WAL_SHARE = 8
+MIN_TXN_BYTES = 256 * 1024
+MAX_TXN_BYTES = 32 * 1024 * 1024
+# Frame bytes committed between two malloc_trim calls: large frames leave
+# free heap behind (broker/runtime/memory.py); a trim costs ~0.1-1 ms.
+TRIM_BYTES = 32 * 1024 * 1024
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
 # Sessions reserved ahead of use.  The ceiling is committed before sessions
@@ -110,6 +129,10 @@ class StoreStats:
     # and those the carry's bounds dropped (broker/store/carry.py).
     spool_retried: int = 0
     spool_lost: int = 0
+    # WAL checkpoints with truncation (the WAL passed its bound) and those a
+    # reader's snapshot kept from completing (retried after the next commit).
+    checkpoints: int = 0
+    checkpoints_busy: int = 0
 
 
 def default_dir(log_dir: str) -> str:
@@ -147,11 +170,19 @@ class Store:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.flush_interval = flush_interval
+        share = max_bytes // WAL_SHARE if max_bytes else MAX_TXN_BYTES
+        self.txn_bytes = self.wal_bytes = max(MIN_TXN_BYTES, min(MAX_TXN_BYTES, share))
         # Frame bytes each bridge's spool keeps (0: no bound; broker/store/spool.py).
         self.spool_max_bytes = spool_max_bytes
         self.clock = clock
         self.stats = StoreStats()
         self._conn = open_store(directory)
+        # SQLite's own checkpoint once the WAL holds wal_bytes of pages, and
+        # the WAL file cut back to wal_bytes when it restarts (_keep_wal_small
+        # truncates it when a reader kept the automatic one from finishing).
+        page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        self._conn.execute(f"PRAGMA wal_autocheckpoint = {max(1, self.wal_bytes // page)}")
+        self._conn.execute(f"PRAGMA journal_size_limit = {self.wal_bytes}")
         try:
             self._read = connect(self.path, readonly=True)
         except sqlite3.DatabaseError as exc:
@@ -179,6 +210,7 @@ class Store:
         self._carry = SpoolCarry()
         self._added_bytes = 0  # written by the trio thread only
         self._taken_bytes = 0  # written by the writer thread only
+        self._trimmed_at = 0
         self._signalled = False
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -356,13 +388,71 @@ class Store:
                 listener(upto, ok)
 
     def _commit_queued(self) -> None:
+        """Commit everything queued, in transactions of at most ``txn_bytes`` frame bytes."""
+        self._commit_some()
+        while self._ops:
+            self._commit_some()
+        self._keep_wal_small()
+        if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
+            # The frames of these commits are free now: hand the heap back
+            # (broker/runtime/memory.py), at most once per TRIM_BYTES written.
+            self._trimmed_at = self._taken_bytes
+            trim()
+
+    def _take(self) -> list:
+        """The queued operations of one transaction: at least one, at most ``txn_bytes``
+        of frames (a transaction's pages pass through the WAL and, before its eviction
+        frees them, the database: its size is what the files may exceed max_bytes by)."""
         ops = self._ops
-        n = len(ops)
-        if n == 0 and not self._carry:
+        taken: list = []
+        budget = self.txn_bytes
+        while ops and budget > 0:
+            op = ops.popleft()
+            taken.append(op)
+            if type(op) is list:
+                budget -= sum(map(len, map(_frame, op)))
+            elif op[0] == ROW:
+                budget -= op[1][8]
+            elif op[0] == SPOOL_ADD:
+                budget -= len(op[5])
+        return taken
+
+    def _keep_wal_small(self) -> None:
+        """Checkpoint and truncate the WAL once it passes ``wal_bytes`` (writer's lock held).
+
+        SQLite's automatic checkpoint copies pages back but leaves the WAL
+        file at its largest size; TRUNCATE resets it to zero bytes.  A
+        reader holding an old snapshot (a query in progress) makes it
+        return busy: the next commit tries again.
+        """
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size <= self.wal_bytes:
+            return
+        conn = self._conn
+        try:
+            # No waiting for readers here (the busy timeout is for the writer's lock).
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            log.warning("store %s: checkpoint failed: %s", self.path, exc)
+            return
+        self.stats.checkpoints += 1
+        if busy:
+            self.stats.checkpoints_busy += 1
+
+    def _commit_some(self) -> None:
+        ops = self._ops
+        if not ops and not self._carry:
             if self.max_age:
                 self._evict_only()
             return
-        batch = _expand([ops.popleft() for _ in range(n)])
+        batch = _expand(self._take())
         # Per message, only what SQLite needs: this loop holds the GIL that
         # routing needs too (see broker/store/runs.py for why runs).
         rows: list[tuple] = []

@@ -96,6 +96,10 @@ class RoutingLog:
     ) -> None:
         if format not in FORMATS or when_full not in WHEN_FULL:
             raise ValueError(f"format {format!r} / when_full {when_full!r}")
+        if format == "parquet":
+            # pyarrow now, not at the first hand-off: its import (~0.5 s, ~75 MiB
+            # of libraries) would hold the GIL while routing runs.
+            from broker.observability.routelog import parquet  # noqa: F401
         self.directory = directory
         self.format = format
         self.when_full = when_full
