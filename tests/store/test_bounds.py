@@ -4,6 +4,7 @@ every eviction is counted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -28,10 +29,9 @@ def allocated(directory: str) -> int:
     """Bytes the store's files take on disk (allocated blocks: database, WAL, shm)."""
     total = 0
     for name in os.listdir(directory):
-        try:
+        # (the WAL may go between the listing and the stat)
+        with contextlib.suppress(FileNotFoundError):
             total += os.stat(os.path.join(directory, name)).st_blocks * 512
-        except FileNotFoundError:  # the WAL between a truncation and the next write
-            pass
     return total
 
 
