@@ -31,6 +31,7 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from operator import attrgetter
 
 import attrs
@@ -143,6 +144,37 @@ def _expand(ops: list) -> Iterator:
             yield from op
         else:
             yield op
+
+_INSERT_RUNS = ("INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
+                "bytes, ts, delivered, offsets, frames) VALUES ")
+_INSERT_LATEST = ("INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame) "
+                  "VALUES ")
+_UPSERT_LATEST = (" ON CONFLICT (grp, inst) DO UPDATE SET seq = excluded.seq, "
+                  "session = excluded.session, instance = excluded.instance, ts = excluded.ts, "
+                  "delivered = excluded.delivered, frame = excluded.frame")
+# Rows per multi-row INSERT, the largest of the power-of-two statement shapes.
+# executemany steps SQLite once per row, and the sqlite3 module releases and
+# takes back the GIL at every step: with isolated messages (one row each)
+# that was two GIL hand-overs per message, each a chance for the writer to
+# make the routing thread wait.  One statement of up to 256 rows is one step
+# (13 x 256 parameters, far below SQLite's 32,766); power-of-two shapes keep
+# the statements few (the connection caches them).
+MAX_ROWS_PER_INSERT = 256
+
+
+def _insert_many(conn: sqlite3.Connection, head: str, ncols: int, tail: str,
+                 rows: list) -> None:
+    """``head`` VALUES (..), (..), ... ``tail`` for ``rows``, in few statements."""
+    one = "(" + ", ".join("?" * ncols) + ")"
+    i, n = 0, len(rows)
+    size = MAX_ROWS_PER_INSERT
+    while i < n:
+        while size > n - i:
+            size //= 2
+        conn.execute(head + ", ".join([one] * size) + tail,
+                     list(chain.from_iterable(rows[i:i + size])))
+        i += size
+
 
 @attrs.define
 class Transaction:
@@ -585,17 +617,8 @@ class StoreWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             if rows:
-                conn.executemany(
-                    "INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
-                    "bytes, ts, delivered, offsets, frames) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                conn.executemany(
-                    "INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (grp, inst) DO UPDATE SET "
-                    "seq = excluded.seq, session = excluded.session, "
-                    "instance = excluded.instance, ts = excluded.ts, "
-                    "delivered = excluded.delivered, frame = excluded.frame",
-                    latest.values())
+                _insert_many(conn, _INSERT_RUNS, 13, "", rows)
+                _insert_many(conn, _INSERT_LATEST, 8, _UPSERT_LATEST, list(latest.values()))
             if spool_add:
                 conn.executemany("INSERT OR IGNORE INTO spool VALUES (?, ?, ?, ?, ?)", spool_add)
             if spool_del:

@@ -1,14 +1,14 @@
-"""Routing-log records as Parquet: the schema, lines to columns, row groups to bytes (no I/O).
+"""Routing-log records as Parquet: the schema, batches to Arrow, row groups to bytes (no I/O).
 
-The routing thread keeps formatting one JSON line per record (compiled,
-:mod:`.record`); the writer thread turns each hand-off batch of lines into
-Arrow columns with pyarrow's JSON reader and encodes row groups with
-pyarrow's Parquet writer.  Both are C++ that releases the GIL, so the
-column building costs the routing thread nothing but the line it already
-formats.  Encoded bytes go to a memory sink and from there to the file
-through :class:`.files.LogFile`'s resumable writes, so a disk error is
-retried byte-exactly, as for JSON Lines, and never leaves the Parquet
-writer in an unknown state.
+The routing thread appends each record's changing values to flat buffers
+(:mod:`.columns`, compiled); the writer thread makes Arrow arrays of them
+as they are (:func:`columns_to_table`: no Python step per record) and
+encodes row groups with pyarrow's Parquet writer (C++, zstd).  Encoded
+bytes go to a memory sink and from there to the file through
+:class:`.files.LogFile`'s resumable writes, so a disk error is retried
+byte-exactly, as for JSON Lines, and never leaves the Parquet writer in an
+unknown state.  :func:`lines_to_table` reads JSON lines into the same table
+(tools, tests).
 
 Column names and meaning are :data:`.record.FIELDS`; ``recipients`` is a
 ``map<string, int64>`` (protocol -> copies, sorted by protocol).
@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from broker.observability.routelog.columns import Columns
 from broker.observability.routelog.record import FIELDS
 
 SCHEMA = pa.schema([
@@ -70,6 +71,29 @@ def lines_to_table(lines: list[str]) -> pa.Table:
         else:
             columns.append(read.column(field.name))
     return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+_RECIPIENTS = SCHEMA.field("recipients").type
+_PART_TYPES = [SCHEMA.field(n).type for n in
+               ("server", "lname", "proto", "user", "group", "instance", "to", "recipients",
+                "delivered", "undeliverable")]
+
+
+def columns_to_table(cols: Columns) -> pa.Table:
+    """The Arrow table of a hand-off batch (:class:`.columns.Columns`)."""
+    n = cols.rows
+    keys = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(cols.keys)])
+    parts = list(zip(*cols.parts, strict=True)) if cols.parts else [()] * len(_PART_TYPES)
+    server, lname, proto, user, group, instance, to, recipients, delivered, undeliverable = (
+        pa.array(values, t).take(keys) for values, t in zip(parts, _PART_TYPES, strict=True))
+    return pa.Table.from_arrays([
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols.times)]),
+        server, lname, proto, user, group, instance, to,
+        pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(cols.seq_ends),
+                                               pa.py_buffer(cols.seq_data)]),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols.sizes)]),
+        recipients, delivered, undeliverable,
+    ], schema=SCHEMA)
 
 
 def _recipients_map(struct: pa.StructArray) -> pa.MapArray:

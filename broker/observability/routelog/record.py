@@ -180,6 +180,9 @@ class RecordBuffer:
             key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
         return self._parts.get(key) or self._new_parts(routed)
 
+    def pending(self) -> int:
+        return len(self.lines)
+
     def take(self) -> list[str]:
         lines, self.lines = self.lines, []
         return lines

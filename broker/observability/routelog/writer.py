@@ -1,17 +1,19 @@
 """The routing log: a router observer feeding a writer thread through a bounded queue.
 
-Routing path (trio thread): the observer (:class:`.record.RecordBuffer`)
-formats each routed message into one JSON line (compiled) and buffers it.
-Every ``handoff_size`` records (and on a short timer, see
-:mod:`broker.observability.routelog.service`) the buffered lines go to the
-writer thread as one batch: the writer is woken per batch, never per message.
+Routing path (trio thread): the observer appends each routed message's
+record to a buffer, compiled: ``format = "parquet"`` (the default) to
+column buffers (:class:`.columns.ColumnBuffer`), ``"jsonl"`` as a JSON line
+(:class:`.record.RecordBuffer`).  Every ``handoff_size`` records (and on a
+short timer, see :mod:`broker.observability.routelog.service`) the buffer
+goes to the writer thread as one batch: the writer is woken per batch,
+never per message.
 
-Writer thread, ``format = "parquet"`` (the default): turns each batch into
-Arrow columns and every :data:`.parquet.ROW_GROUP_ROWS` records encodes a
-row group (:mod:`.parquet`: pyarrow's C++, which releases the GIL), appends
-its bytes to the hidden file, rotates by size and by age, and publishes
-finished files atomically (:mod:`.files`).  ``format = "jsonl"``: joins a
-batch and writes it with one ``os.write``.
+Writer thread, Parquet: makes Arrow arrays of each batch's buffers as they
+are and every :data:`.parquet.ROW_GROUP_ROWS` records encodes a row group
+(:mod:`.parquet`: pyarrow's C++), appends its bytes to the hidden file,
+rotates by size and by age, and publishes finished files atomically
+(:mod:`.files`).  JSON Lines: joins a batch and writes it with one
+``os.write``.
 
 When more than ``queue_records`` records wait for the writer (a disk that
 fails or cannot keep up), ``when_full`` decides: ``"drop"`` (the default)
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.core.router import Router
+from broker.observability.routelog.columns import ColumnBuffer, Columns
 from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
 from broker.observability.routelog.record import RecordBuffer
 
@@ -132,8 +135,8 @@ class RoutingLog:
         # Set when the writer thread died of an unexpected exception.
         self.failure: BaseException | None = None
         self.waits_source: Callable[[], int] = lambda: 0
-        self.buffer: RecordBuffer | None = None
-        self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self.buffer: RecordBuffer | ColumnBuffer | None = None
+        self._queue: queue.SimpleQueue[list[str] | Columns | None] = queue.SimpleQueue()
         # Trio thread: (handed count after a batch, time.time() its first record
         # was routed) of each batch the writer may not have taken yet (lag_seconds).
         self._batches: deque[tuple[int, float]] = deque()
@@ -153,18 +156,20 @@ class RoutingLog:
 
     def attach(self, router: Router) -> None:
         """Register the observer: it never blocks and never fails."""
-        self.buffer = RecordBuffer(self.handoff_size, self.handoff, router)
+        kind = ColumnBuffer if self.format == "parquet" else RecordBuffer
+        self.buffer = kind(self.handoff_size, self.handoff, router)
         router.observers.append(self.buffer.observe)
 
     def handoff(self) -> None:
         """Give the buffered lines to the writer; past the bound drop them or close the gate."""
-        if self.buffer is None or not self.buffer.lines:
+        if self.buffer is None or not self.buffer.pending():
             return
         first_at = self.buffer.first_at
         pending = self.buffer.take()
+        count = pending.rows if isinstance(pending, Columns) else len(pending)
         backlog = self.handed - self.records - self.lost
         if backlog > self.queue_records and self.when_full == "drop":
-            self.dropped += len(pending)
+            self.dropped += count
             now = time.monotonic()
             if now - self._last_drop_log >= DROP_LOG_INTERVAL:
                 self._last_drop_log = now
@@ -172,7 +177,7 @@ class RoutingLog:
                           "dropping new records, %d dropped so far (when_full = \"drop\")",
                           backlog, self.queue_records, self.dropped)
             return
-        self.handed += len(pending)
+        self.handed += count
         self._batches.append((self.handed, first_at))
         self._forget_written()
         self._queue.put(pending)
@@ -206,7 +211,7 @@ class RoutingLog:
 
     @property
     def queued(self) -> int:
-        pending = len(self.buffer.lines) if self.buffer is not None else 0
+        pending = self.buffer.pending() if self.buffer is not None else 0
         return self.handed + pending - self.records - self.lost
 
     @property
@@ -215,7 +220,7 @@ class RoutingLog:
         self._forget_written()
         if self._batches:
             oldest = self._batches[0][1]
-        elif self.buffer is not None and self.buffer.lines:
+        elif self.buffer is not None and self.buffer.pending():
             oldest = self.buffer.first_at
         else:
             return 0.0
@@ -261,11 +266,11 @@ class RoutingLog:
             log.exception("routing log writer failed")
             self.failure = exc
 
-    def _take_rows(self, batch: list[str]) -> None:
+    def _take_rows(self, batch: Columns) -> None:
         """Parquet: a batch's columns join the next row group (written once it is full)."""
-        from broker.observability.routelog.parquet import ROW_GROUP_ROWS, lines_to_table
+        from broker.observability.routelog.parquet import ROW_GROUP_ROWS, columns_to_table
 
-        table = lines_to_table(batch)
+        table = columns_to_table(batch)
         if self._file is None:
             self._open()
         self._rows.append(table)
