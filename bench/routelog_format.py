@@ -11,14 +11,23 @@ record (JSON Lines: join and encode; Parquet: Arrow arrays of the buffers
 and zstd row groups of :data:`ROW_GROUP_ROWS`), and the bytes per record
 of the finished file (a real :class:`RoutingLog` writing to a temporary
 directory; the file is read back and counted).
+
+``--flood SECONDS``: a real broker with the default configuration (Parquet
+log, store, metrics) under a 1->1 flood at full rate; prints the rate and
+the routing log's counters from the metrics endpoint (dropped records,
+gate closes, the largest queue and lag seen, sampled every 0.5 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
+import urllib.request
+
+import trio
 
 from broker.core.router import NORMAL, Endpoint, Router
 from broker.observability.routelog.columns import ColumnBuffer
@@ -93,10 +102,52 @@ def measure(fmt: str, batches: list[list], n: int) -> tuple[float, float, float]
     return observe_cpu / n * 1e6, writer_cpu / n * 1e6, size / n
 
 
+def _metrics(addr: tuple[str, int]) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{addr[0]}:{addr[1]}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for m in re.finditer(r"^(skan_routelog_[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+async def flood(seconds: float, config: str = "") -> None:
+    from bench.skan_load import Broker, throughput
+
+    with Broker(config) as broker:
+        addr = broker.addr["metrics"]
+        peak = {"skan_routelog_queued_records": 0.0, "skan_routelog_lag_seconds": 0.0}
+
+        async def sample() -> None:
+            while True:
+                m = await trio.to_thread.run_sync(_metrics, addr)
+                for k in peak:
+                    peak[k] = max(peak[k], m.get(k, 0.0))
+                await trio.sleep(0.5)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            result = await throughput(broker.addr["skan"], 1, 1, seconds, broker)
+            await trio.sleep(2.0)
+            nursery.cancel_scope.cancel()
+        m = _metrics(addr)
+    print(f"1->1 flood, {seconds:.0f} s, default configuration: {result.msgs_per_s:,.0f} msgs/s; "
+          f"routing log: {m.get('skan_routelog_records_total', 0):,.0f} records, dropped "
+          f"{m.get('skan_routelog_dropped_records_total', 0):,.0f}, gate closes "
+          f"{m.get('skan_routelog_backpressure_closes_total', 0):,.0f}, peak queue "
+          f"{peak['skan_routelog_queued_records']:,.0f} records, peak lag "
+          f"{peak['skan_routelog_lag_seconds']:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--flood", type=float, default=0.0, metavar="SECONDS")
+    ap.add_argument("--config", default="", help="TOML for the flood's broker")
     args = ap.parse_args()
+    if args.flood:
+        trio.run(flood, args.flood, args.config.replace("\\n", "\n"))
+        return
     batches = traffic(args.records)
     print(f"{args.records:,} records (20 publishers, 50 groups, 8 subscribers, 100-byte "
           f"payloads); Parquet row groups of {ROW_GROUP_ROWS:,}")

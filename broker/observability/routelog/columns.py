@@ -6,12 +6,15 @@ size, the seq and a key -- to flat buffers (bytearrays in Arrow's own
 layout).  Everything that repeats (server, lname, proto, user, group,
 instance, to, recipients, delivered, undeliverable) is the message's
 *parts*: one tuple per (sender, recipient set), as :class:`.record.RecordBuffer`
-caches its prefix and suffix, stored once per hand-off batch and named by
-the key.  The writer thread turns a batch into Arrow arrays without a
-Python step per record (:func:`.parquet.columns_to_table`: the buffers
-become arrays as they are, the parts columns are ``take`` of the parts by
-key), so the per-record work is the compiled append here, on the routing
-thread, and pyarrow's C++ in the writer.
+caches its prefix and suffix, named by its key (its index in the parts
+table).  The table only grows, within an *epoch*: each hand-off carries the
+parts added since the last one, and the writer keeps the table as Arrow
+arrays.  Once it holds :data:`PARTS_CACHE` parts, the next hand-off starts a
+new epoch (an empty table).  The writer thread turns a batch into Arrow
+arrays without a Python step per record (:func:`.parquet.columns_to_table`:
+the buffers become arrays as they are, the parts columns are one ``take``
+of the parts table by key), so the per-record work is the compiled append
+here, on the routing thread, and pyarrow's C++ in the writer.
 
 broker/_speedups.c ``routelog_columns`` is the compiled loop;
 :meth:`ColumnBuffer.observe_py` is its reference (and the fallback).
@@ -40,8 +43,8 @@ if not PURE_PYTHON:
     except ImportError:  # pragma: no cover - built without a compiler
         _columns_c = None
 
-# Bound of the parts cache within one hand-off batch (cleared when full, as
-# RecordBuffer's): endless distinct senders or keys cannot grow it.
+# Parts in one epoch's table (then a new epoch starts, at a hand-off):
+# endless distinct senders, keys or subscription changes cannot grow it.
 PARTS_CACHE = 65_536
 # Seq bytes a batch may hold before it is handed off (Arrow string offsets
 # are int32): far below 2 GiB.
@@ -68,9 +71,11 @@ def seq_value(seq: object) -> str:
 class Columns:
     """One hand-off batch: ``rows`` records in flat buffers plus the parts their keys name.
 
-    ``parts[k]`` = (server, lname, proto, user, group, instance, to,
-    recipients (sorted (proto, copies) pairs), delivered, undeliverable).
-    ``first_at``: time.time() when its first record was routed.
+    ``new_parts``: the parts added to ``epoch``'s table since the previous
+    hand-off; a key ``k`` names the table's ``k``-th parts, each (server,
+    lname, proto, user, group, instance, to, recipients (sorted (proto,
+    copies) pairs), delivered, undeliverable).  ``first_at``: time.time()
+    when its first record was routed.
     """
 
     rows: int
@@ -79,7 +84,8 @@ class Columns:
     keys: bytearray  # int32: index into parts
     seq_ends: bytearray  # int32 end offsets, after a leading 0
     seq_data: bytearray  # UTF-8
-    parts: list[tuple]
+    new_parts: list[tuple]
+    epoch: int
     first_at: float
 
 
@@ -106,7 +112,17 @@ class ColumnBuffer:
         self.on_full = on_full
         self._router = router
         self.first_at = 0.0
+        self._epoch = 0
+        self._new_epoch()
         self._reset()
+
+    def _new_epoch(self) -> None:
+        self._epoch += 1
+        self._parts: list[tuple] = []
+        self._handed_parts = 0
+        # (sender, id(recipients)) or (sender, group, instance, to) -> (key, recipients)
+        self._cache: dict[tuple, tuple[int, tuple]] = {}
+        self._generation = -1
 
     def _reset(self) -> None:
         self._times = bytearray()
@@ -115,10 +131,6 @@ class ColumnBuffer:
         self._seq_ends = bytearray(_I32.pack(0))
         self._seq_data = bytearray()
         self._cols = (self._times, self._sizes, self._keys, self._seq_ends, self._seq_data)
-        self._parts: list[tuple] = []
-        # (sender, id(recipients)) or (sender, group, instance, to) -> (key, recipients)
-        self._cache: dict[tuple, tuple[int, tuple]] = {}
-        self._generation = -1
 
     def pending(self) -> int:
         return len(self._times) >> 3
@@ -169,9 +181,9 @@ class ColumnBuffer:
         if found is not None:
             return found
         generation = self._router.generation if self._router is not None else 0
-        if len(self._cache) >= PARTS_CACHE or generation != self._generation:
+        if generation != self._generation:
             # Entries hold endpoints and tuples alive: dropped at a subscription
-            # change (RecordBuffer's rule); the parts list keeps its rows.
+            # change (RecordBuffer's rule); the table keeps its parts.
             self._cache.clear()
             self._generation = generation
         sender, h = routed.sender, routed.header
@@ -187,9 +199,13 @@ class ColumnBuffer:
         return found
 
     def take(self) -> Columns:
-        """The buffered records (empties the buffer; the parts start afresh)."""
+        """The buffered records and the parts added since the last take (empties the buffer)."""
         out = Columns(self.pending(), self._times, self._sizes, self._keys, self._seq_ends,
-                      self._seq_data, self._parts, self.first_at)
+                      self._seq_data, self._parts[self._handed_parts:], self._epoch,
+                      self.first_at)
+        self._handed_parts = len(self._parts)
         self._reset()
+        if len(self._parts) >= PARTS_CACHE:
+            self._new_epoch()
         return out
 

@@ -73,19 +73,42 @@ def lines_to_table(lines: list[str]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
-_RECIPIENTS = SCHEMA.field("recipients").type
-_PART_TYPES = [SCHEMA.field(n).type for n in
-               ("server", "lname", "proto", "user", "group", "instance", "to", "recipients",
-                "delivered", "undeliverable")]
+_PART_FIELDS = ("server", "lname", "proto", "user", "group", "instance", "to", "recipients",
+                "delivered", "undeliverable")
+_PARTS_TYPE = pa.struct([SCHEMA.field(n) for n in _PART_FIELDS])
 
 
-def columns_to_table(cols: Columns) -> pa.Table:
-    """The Arrow table of a hand-off batch (:class:`.columns.Columns`)."""
+class PartsTable:
+    """The writer's copy of the routing thread's parts table (:mod:`.columns`), as Arrow."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.parts = pa.array([], _PARTS_TYPE)
+
+    def update(self, cols: Columns) -> pa.StructArray:
+        if cols.epoch != self.epoch:
+            self.epoch = cols.epoch
+            self.parts = pa.array([], _PARTS_TYPE)
+        if cols.new_parts:
+            new = pa.array([dict(zip(_PART_FIELDS, p, strict=True)) for p in cols.new_parts],
+                           _PARTS_TYPE)
+            self.parts = pa.concat_arrays([self.parts, new]) if len(self.parts) else new
+        return self.parts
+
+
+def columns_to_table(cols: Columns, table: PartsTable | None = None) -> pa.Table:
+    """The Arrow table of a hand-off batch (:class:`.columns.Columns`).
+
+    ``table``: the parts of the batch's epoch so far (updated here); a
+    fresh one for a batch that starts its epoch (tools, tests).
+    """
     n = cols.rows
+    parts = (table if table is not None else PartsTable()).update(cols)
     keys = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(cols.keys)])
-    parts = list(zip(*cols.parts, strict=True)) if cols.parts else [()] * len(_PART_TYPES)
+    # One take for the ten repeated columns (one call, one pass).
+    picked = parts.take(keys)
     server, lname, proto, user, group, instance, to, recipients, delivered, undeliverable = (
-        pa.array(values, t).take(keys) for values, t in zip(parts, _PART_TYPES, strict=True))
+        picked.field(i) for i in range(len(_PART_FIELDS)))
     return pa.Table.from_arrays([
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols.times)]),
         server, lname, proto, user, group, instance, to,

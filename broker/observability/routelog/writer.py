@@ -146,6 +146,7 @@ class RoutingLog:
         self._encoder: Any = None
         self._rows: list[Any] = []
         self._row_count = 0
+        self._parts_table: Any = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="routelog-writer", daemon=True)
 
@@ -270,7 +271,11 @@ class RoutingLog:
         """Parquet: a batch's columns join the next row group (written once it is full)."""
         from broker.observability.routelog.parquet import ROW_GROUP_ROWS, columns_to_table
 
-        table = columns_to_table(batch)
+        if self._parts_table is None:
+            from broker.observability.routelog.parquet import PartsTable
+
+            self._parts_table = PartsTable()
+        table = columns_to_table(batch, self._parts_table)
         if self._file is None:
             self._open()
         self._rows.append(table)

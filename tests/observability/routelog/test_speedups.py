@@ -117,8 +117,8 @@ def test_compiled_columns_equal_the_reference_and_the_json_lines(messages, subsc
     reference.observe_py(batch)
     got, want = compiled.take(), reference.take()
     assert got.rows == want.rows == len(batch)
-    assert (got.times, got.sizes, got.keys, got.seq_ends, got.seq_data, got.parts) == (
-        want.times, want.sizes, want.keys, want.seq_ends, want.seq_data, want.parts)
+    assert (got.times, got.sizes, got.keys, got.seq_ends, got.seq_data, got.new_parts) == (
+        want.times, want.sizes, want.keys, want.seq_ends, want.seq_data, want.new_parts)
     table = parquet.columns_to_table(got).to_pylist()
     lines = [json.loads(line) for line in record.format_records(batch).splitlines()]
     for row in table:
