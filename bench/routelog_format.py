@@ -131,12 +131,20 @@ async def flood(seconds: float, config: str = "") -> None:
             await trio.sleep(2.0)
             nursery.cancel_scope.cancel()
         m = _metrics(addr)
+        # Complete files so far (rotate_seconds in --config makes some): bytes per record.
+        import pyarrow.parquet as pq
+
+        assert broker.work is not None
+        done = [p for p in (broker.work / "log").glob("routelog-*.parquet")]
+        nbytes = sum(p.stat().st_size for p in done)
+        nrec = sum(pq.ParquetFile(p).metadata.num_rows for p in done)
     print(f"1->1 flood, {seconds:.0f} s, default configuration: {result.msgs_per_s:,.0f} msgs/s; "
           f"routing log: {m.get('skan_routelog_records_total', 0):,.0f} records, dropped "
           f"{m.get('skan_routelog_dropped_records_total', 0):,.0f}, gate closes "
           f"{m.get('skan_routelog_backpressure_closes_total', 0):,.0f}, peak queue "
           f"{peak['skan_routelog_queued_records']:,.0f} records, peak lag "
-          f"{peak['skan_routelog_lag_seconds']:.2f} s")
+          f"{peak['skan_routelog_lag_seconds']:.2f} s; complete files: {len(done)}, "
+          f"{nrec:,} records, {nbytes / max(1, nrec):.2f} bytes/record")
 
 
 def main() -> None:

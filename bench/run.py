@@ -73,8 +73,9 @@ async def main(args: argparse.Namespace) -> None:
         if args.before:
             skan("skan-before", Broker(config, root=pathlib.Path(args.before).resolve()))
         if args.feature_costs:
-            for feature, off in FEATURES_OFF.items():
-                skan(f"skan-no{feature}", Broker(config + off))
+            wanted = FEATURES_OFF if args.feature_costs == "all" else args.feature_costs.split(",")
+            for feature in wanted:
+                skan(f"skan-no{feature}", Broker(config + FEATURES_OFF[feature]))
         if args.bare:
             skan("skan-bare", Broker(config + BARE))
         if args.pure:
@@ -99,8 +100,9 @@ def parse_args() -> argparse.Namespace:
                    help="also run a broker in pure-Python mode (SKAN_PURE_PYTHON=1)")
     p.add_argument("--bare", action="store_true",
                    help="also run a broker with routing log, metrics and retention off")
-    p.add_argument("--feature-costs", action="store_true",
-                   help="also run one broker per feature (log, metrics, retention) turned off")
+    p.add_argument("--feature-costs", nargs="?", const="all", default="",
+                   help="also run one broker per feature turned off (all, or a list such "
+                   f"as 'store,log'; features: {', '.join(FEATURES_OFF)})")
     p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the 10,000 idle connections memory figure")
