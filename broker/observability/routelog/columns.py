@@ -89,6 +89,13 @@ class Columns:
     first_at: float
 
 
+def parts_only(cols: Columns) -> Columns:
+    """A batch's parts without its records: what the writer still needs of a dropped batch
+    (later batches' keys may name these parts)."""
+    return Columns(0, bytearray(), bytearray(), bytearray(), bytearray(_I32.pack(0)),
+                   bytearray(), cols.new_parts, cols.epoch, cols.first_at)
+
+
 def _recipients(recipients: tuple[Endpoint, ...], sender: Endpoint) -> tuple:
     counts: dict[str, int] = {}
     for ep in recipients:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.core.router import Router
-from broker.observability.routelog.columns import ColumnBuffer, Columns
+from broker.observability.routelog.columns import ColumnBuffer, Columns, parts_only
 from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
 from broker.observability.routelog.record import RecordBuffer
 
@@ -171,6 +171,8 @@ class RoutingLog:
         backlog = self.handed - self.records - self.lost
         if backlog > self.queue_records and self.when_full == "drop":
             self.dropped += count
+            if isinstance(pending, Columns) and pending.new_parts:
+                self._queue.put(parts_only(pending))  # later keys may name these parts
             now = time.monotonic()
             if now - self._last_drop_log >= DROP_LOG_INTERVAL:
                 self._last_drop_log = now
@@ -276,6 +278,8 @@ class RoutingLog:
 
             self._parts_table = PartsTable()
         table = columns_to_table(batch, self._parts_table)
+        if not table.num_rows:
+            return  # the parts of a dropped batch
         if self._file is None:
             self._open()
         self._rows.append(table)

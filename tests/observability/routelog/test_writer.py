@@ -221,3 +221,26 @@ def test_parts_carry_across_hand_offs_and_epochs(tmp_path, monkeypatch):
     rl.stop()
     rl.join()
     assert read_all(tmp_path) == records(routed)
+
+
+def test_dropped_batches_still_give_the_writer_their_parts(tmp_path):
+    """Records of a dropped batch are gone, but the parts it introduced reach the writer:
+    later batches' keys name them (a broker once failed on exactly this)."""
+    router, rl = make_log(tmp_path, queue_records=8, when_full="drop")  # hand-offs of 2
+    pub = sink(router)
+    routed = [send(router, pub, group=f"g{i}".encode(), seq=str(i).encode())
+              for i in range(40)]  # each group new parts; most batches dropped
+    later = [send(router, pub, group=f"g{i}".encode(), seq=str(100 + i).encode())
+             for i in range(40)]  # the same parts again, from the cache
+    assert rl.dropped > 0
+    rl.start()
+    wait_for(lambda: rl.queued == 0)
+    again = [send(router, pub, group=f"g{i}".encode(), seq=str(200 + i).encode())
+             for i in range(0, 40, 5)]
+    rl.stop()
+    rl.join()
+    got = read_all(tmp_path)
+    assert rl.failure is None and len(got) == rl.records == 80 + len(again) - rl.dropped
+    want = {r["seq"]: r for r in records(routed + later + again)}
+    assert all(r == want[r["seq"]] for r in got)
+    assert [r["seq"] for r in got[-len(again):]] == [str(200 + i) for i in range(0, 40, 5)]
