@@ -54,7 +54,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         when_full=cfg.when_full,
         close_gate=lambda: gate.close(GATE_HOLDER),
         request_open=request_open,
-        thread_setup=functools.partial(lower_thread_priority, ctx.config.broker.writer_nice),
+        thread_setup=functools.partial(lower_thread_priority, cfg.writer_nice),
     )
     routelog.recovery = recovery
     routelog.waits_source = lambda: gate.waits
