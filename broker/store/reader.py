@@ -16,8 +16,8 @@ from typing import Any
 
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed
+from broker.store.batch_rows import MAX_RUN_SPAN, RUN_COLUMNS, decode
 from broker.store.db import StoreError, connect
-from broker.store.runs import MAX_RUN_SPAN, RUN_COLUMNS, decode
 from wire.hattime import split_timestamp
 from wire.skan import decode_header
 

@@ -38,15 +38,7 @@ import attrs
 
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.router import Routed, Router
-from broker.runtime.memory import trim
-from broker.store.carry import SpoolCarry
-from broker.store.db import (
-    BUSY_TIMEOUT_MS,
-    DB_NAME,
-    open_store,
-    read_meta,
-)
-from broker.store.runs import (
+from broker.store.batch_rows import (
     MAX_RUN,
     MAX_RUN_BYTES,
     MAX_RUN_SPAN,
@@ -54,6 +46,14 @@ from broker.store.runs import (
     batch_row,
     unpack,
 )
+from broker.store.carry import SpoolCarry
+from broker.store.db import (
+    BUSY_TIMEOUT_MS,
+    DB_NAME,
+    open_store,
+    read_meta,
+)
+from broker.store.heap import trim
 from wire.hattime import split_timestamp
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ WAL_SHARE = 8
 MIN_TXN_BYTES = 256 * 1024
 MAX_TXN_BYTES = 32 * 1024 * 1024
 # Frame bytes committed between two malloc_trim calls: large frames leave
-# free heap behind (broker/runtime/memory.py); a trim costs ~0.1-1 ms.
+# free heap behind (broker/store/heap.py); a trim costs ~0.1-1 ms.
 TRIM_BYTES = 32 * 1024 * 1024
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
@@ -199,7 +199,7 @@ def collect(ops: Iterable, order: int) -> Transaction:
     the reports to give once committed.  ``order`` is the latest table's update counter.
     """
     # Per message, only what SQLite needs: this loop holds the GIL that
-    # routing needs too (see broker/store/runs.py for why runs).
+    # routing needs too (see broker/store/batch_rows.py for why runs).
     rows: list[tuple] = []
     latest: dict[tuple[bytes, bytes], tuple] = {}
     spool_add: list[tuple] = []
@@ -545,7 +545,7 @@ class StoreWriter:
         self._keep_wal_small()
         if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
             # The frames of these commits are free now: hand the heap back
-            # (broker/runtime/memory.py), at most once per TRIM_BYTES written.
+            # (broker/store/heap.py), at most once per TRIM_BYTES written.
             self._trimmed_at = self._taken_bytes
             trim()
 

@@ -16,7 +16,7 @@ the buffers become arrays as they are, the parts columns are one ``take``
 of the parts table by key), so the per-record work is the compiled append
 here, on the routing thread, and pyarrow's C++ in the writer.
 
-broker/_speedups.c ``routelog_columns`` is the compiled loop;
+broker/_observer_speedups.c ``routelog_columns`` is the compiled loop;
 :meth:`ColumnBuffer.observe_py` is its reference (and the fallback).
 
 Values are the record's as a JSON Lines reader decodes them (same column
@@ -39,7 +39,7 @@ from wire.skan.codec import PURE_PYTHON
 _columns_c = None
 if not PURE_PYTHON:
     try:
-        from broker._speedups import routelog_columns as _columns_c
+        from broker._observer_speedups import routelog_columns as _columns_c
     except ImportError:  # pragma: no cover - built without a compiler
         _columns_c = None
 

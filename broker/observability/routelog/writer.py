@@ -4,7 +4,7 @@ Routing path (trio thread): the observer appends each routed message's
 record to a buffer, compiled: ``format = "parquet"`` (the default) to
 column buffers (:class:`.columns.ColumnBuffer`), ``"jsonl"`` as a JSON line
 (:class:`.record.RecordBuffer`).  Every ``handoff_size`` records (and on a
-short timer, see :mod:`broker.observability.routelog.service`) the buffer
+short timer, see :mod:`broker.observability.routelog.routelog_service`) the buffer
 goes to the writer thread as one batch: the writer is woken per batch,
 never per message.
 

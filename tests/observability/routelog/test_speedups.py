@@ -1,4 +1,4 @@
-"""The compiled routing-log formatters (broker/_speedups.c: JSON lines, columns) against
+"""The compiled routing-log formatters (broker/_observer_speedups.c: JSON lines, columns) against
 their Python loops."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from tests.observability.routelog.test_record import sink
 from wire.skan import decode_header, encode_frame
 
 lines_built = pytest.mark.skipif(record._lines_c is None,
-                                 reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+                                 reason="broker._observer_speedups not built "
+                                 "(or SKAN_PURE_PYTHON=1)")
 
 # DATA values a client may send: plain, empty, JSON-escaped, non-ASCII, not UTF-8.
 data = st.sampled_from([b"g", b"", b"a b", b'q"uote', b"back\\slash", "é".encode(),
@@ -104,7 +105,7 @@ def _batch(messages, subscribe_every):
     return router, batch
 
 
-@pytest.mark.skipif(columns._columns_c is None, reason="broker._speedups not built")
+@pytest.mark.skipif(columns._columns_c is None, reason="broker._observer_speedups not built")
 @settings(max_examples=300, deadline=None)
 @given(st.lists(message, min_size=1, max_size=15), st.integers(1, 3))
 def test_compiled_columns_equal_the_reference_and_the_json_lines(messages, subscribe_every):
