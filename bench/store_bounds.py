@@ -95,7 +95,7 @@ async def disk_run(root: pathlib.Path, label: str, count: int = 400, size: int =
 
 async def _newest_seq(broker: Broker) -> str:
     """The newest retained event and the retained count, as an Eventer client sees them."""
-    from clients.eventer import EventerClient
+    from toolkit.eventer_client import EventerClient
     from wire.eventer import QueryTimeseriesParams
 
     async with EventerClient.connect(*broker.addr["eventer"]) as ev:
