@@ -77,10 +77,17 @@ async def traffic_then_kill(proc: BrokerProcess, *, minimum: int = 2000) -> tupl
 
 
 async def all_events(proc: BrokerProcess) -> list[Id]:
+    """Every stored event of TYPE, paged (a page holds at most 10,000)."""
+    found: list[Id] = []
+    last = None
     async with EventerClient.connect(port=proc.addr["eventer"][1]) as hat:
-        result = await hat.query(QueryTimeseriesParams(event_types=(TYPE,)))
-    assert not result.more_follows
-    return [key(e.id) for e in result.events]
+        while True:
+            result = await hat.query(QueryTimeseriesParams(event_types=(TYPE,),
+                                                           last_event_id=last))
+            found += [key(e.id) for e in result.events]
+            if not result.more_follows:
+                return found
+            last = result.events[-1].id
 
 
 async def new_event(proc: BrokerProcess) -> Id:
