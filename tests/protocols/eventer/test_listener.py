@@ -266,6 +266,8 @@ async def test_hat_chatter_05_envelope(ebroker):
         note = await peer.line()
         assert note == {"notify_type": "MsgEventsNotify", "last": False,
                         "event_type": ["seed", "i"], "payload": ["json", '{"v": "42"}']}
+        assert await peer.line() == {"own_notify_type": "MsgEventsNotify",
+                                     "event_type": ["seed", "from-chatter"]}
         reg = await peer.line()
         assert reg == {"register": "events", "same_conv": True, "type": "MsgRegisterRes",
                        "registered_type": ["seed", "from-chatter"]}
