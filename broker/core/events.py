@@ -35,8 +35,8 @@ from broker.core.inject import Injected, build_send
 from broker.core.router import Routed
 from broker.core.router import event_type as router_event_type
 from wire import hat
-from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
 from wire.errors import ProtocolError
+from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
 from wire.skan import Nested, item_bytes
 from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact, skan_view
 from wire.skan.jsonvalue import JsonValueError

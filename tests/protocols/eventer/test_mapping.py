@@ -18,6 +18,8 @@ msgs = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dicti
     st.binary(min_size=1, max_size=8), inner, max_size=3), max_leaves=6)
 tags = st.fixed_dictionaries({}, optional={
     "payload-type": st.text(max_size=8).map(str.encode),
+    "payload-json": st.sampled_from([b"true", b"{\"a\":1,\"b\":[1.5,null]}", b"null", b"2",
+                                     b"{bad", b"\xff"]),
     "source-timestamp": st.sampled_from([b"12.5", b"-0.25", b"1700000000.123456", b"nan",
                                          b"bogus"]),
 })
