@@ -40,3 +40,19 @@ def test_fast_encoder_equals_reference(group, instance, msg, extra, session, ins
     # and it is a valid HatEventer.Event carrying the mapped event
     decoded = m.event_from_sbs(sbs.decode("HatEventer.Event", fast))
     assert decoded == event_from_routed(routed, server)
+
+
+def test_fast_encoder_with_payload_json_on_every_msg_shape():
+    # a JSON null payload is NULL in msg plus the tag: not "no payload"
+    for msg in (None, b"1", {b"a": b"1"}, [b"x"]):
+        for tag in (b"null", b"1", b'{"a":1}', b"{bad"):
+            frame = encode_frame({"type": "send", "from": b"x_1@h", "to": "*", "group": b"g",
+                                  "instance": b"*", "seq": "1", "payload-json": tag,
+                                  "msg": msg})
+            routed = Routed(frame, decode_header(frame, 4), None, (), 1, 5, 1, 1.5)
+            assert fast_encode_routed(routed, 1) == encode_routed(routed, 1)
+            decoded = m.event_from_sbs(sbs.decode("HatEventer.Event",
+                                                  fast_encode_routed(routed, 1)))
+            assert decoded == event_from_routed(routed, 1)
+            if tag == b"null":
+                assert decoded.payload is not None and decoded.payload.data is None
