@@ -19,7 +19,9 @@ import attrs
 
 from broker.core.reasons import ErrorKind
 from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
+from wire.errors import ProtocolError
 from wire.skan import Nested, codec, decode_header, encode_frame
+from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact
 
 # Bounded work per scheduling slice.  A listener handles received messages
 # (frames, HSP commands) for at most SLICE_SECONDS of wall time, or about
@@ -125,6 +127,27 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
     return value
 
 
+def check_payload_json(header: dict[bytes, Any]) -> str | None:
+    """Why a send's ``payload-json`` tag (the exact Hat JSON payload, see
+    :mod:`wire.skan.eventjson`) is refused, or None when it is sound.
+
+    It must be DATA holding UTF-8 JSON within the decoder limits, and a send
+    is a JSON or a binary payload, not both (``payload-type``).  Called only
+    for sends that carry the tag, so sends without it pay one dict lookup.
+    """
+    raw = header[PAYLOAD_JSON_TAG]
+    if type(raw) is not bytes:
+        return "the tag 'payload-json' must be DATA holding JSON text"
+    if b"payload-type" in header:
+        return ("the tags 'payload-json' (a JSON payload) and 'payload-type' (a binary "
+                "payload) exclude each other")
+    try:
+        loads_exact(raw)
+    except ProtocolError as exc:
+        return f"the tag 'payload-json' is not a JSON payload: {exc}"
+    return None
+
+
 def send_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
     """The routing key ``(group, instance, to, is_reply)`` of a well-formed send from
     ``lname``; None for any other message (which :meth:`SkanSession.handle` then
@@ -181,6 +204,10 @@ class SkanSession:
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
             # Hot path: a well-formed send from this connection.
+            if PAYLOAD_JSON_TAG in header:
+                refused = check_payload_json(header)
+                if refused is not None:
+                    return Rejected(refused, header[b"seq"])
             try:
                 self.router.route(self.endpoint, frame, header, key=key)
             except NotPermitted as exc:
