@@ -118,4 +118,49 @@ def event_server(workdir: pathlib.Path, server_id: int = 1,
     return HatProcess(HAT_SERVER_PEER, "hat.event.server", conf, workdir, "event-server", port)
 
 
-__all__ = ["HAT_GATEWAY_PEER", "HatProcess", "event_server", "free_port", "log_conf"]
+def monitor_server(workdir: pathlib.Path) -> HatProcess:
+    """hat-monitor 0.8 alone (no parents, no UI), blessing every ready component."""
+    port = free_port()
+    conf = {"type": "monitor", "log": log_conf(), "default_algorithm": "BLESS_ALL",
+            "group_algorithms": {},
+            "server": {"host": "127.0.0.1", "port": port, "default_rank": 1},
+            "master": {"host": "127.0.0.1", "port": free_port()},
+            "slave": {"parents": [], "connect_timeout": 1, "connect_retry_count": 1,
+                      "connect_retry_delay": 1}}
+    return HatProcess(HAT_GATEWAY_PEER, "hat.monitor.server", conf, workdir, "monitor", port)
+
+
+# The Modbus master device of the gateway tests: one remote device (id 1)
+# with one holding register polled every 0.1 s.
+GATEWAY_NAME = "gw"
+DEVICE = "dev1"
+PREFIX = ("gateway", "modbus_master", DEVICE)
+
+
+def gateway(workdir: pathlib.Path, event_server_conf: dict[str, Any], slave_port: int,
+            name: str = "gateway") -> HatProcess:
+    """hat-gateway 0.6 with a Modbus TCP master device polling ``slave_port``.
+
+    ``event_server_conf``: ``{"eventer_server": {...}}`` (direct) or
+    ``{"monitor_component": {...}}`` (through hat-monitor).
+    """
+    device = {
+        "module": "hat.gateway.devices.modbus.master", "name": DEVICE,
+        "connection": {
+            "modbus_type": "TCP",
+            "transport": {"type": "TCP", "host": "127.0.0.1", "port": slave_port},
+            "connect_timeout": 2, "connect_delay": 0.2, "request_timeout": 1,
+            "request_delay": 0, "request_retry_immediate_count": 1,
+            "request_retry_delayed_count": 1, "request_retry_delay": 0.2},
+        "remote_devices": [{
+            "device_id": 1, "timeout_poll_delay": 0.2,
+            "data": [{"name": "value", "interval": 0.1, "data_type": "HOLDING_REGISTER",
+                      "start_address": 0, "bit_offset": 0, "bit_count": 16}]}],
+    }
+    conf = {"type": "gateway", "log": log_conf(), "name": GATEWAY_NAME,
+            "event_server": event_server_conf, "devices": [device]}
+    return HatProcess(HAT_GATEWAY_PEER, "hat.gateway", conf, workdir, name)
+
+
+__all__ = ["HAT_GATEWAY_PEER", "HatProcess", "event_server", "free_port", "gateway",
+           "log_conf", "monitor_server"]
