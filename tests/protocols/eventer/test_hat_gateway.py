@@ -5,7 +5,8 @@ loopback (tests/peers/modbus_slave.py); nothing needs hardware.  A hat-event
 0.9.44 client enables the device and the remote device, the gateway's events
 (running, status, reads with their values) reach a Hat subscriber with their
 JSON types and a Skan subscriber as the Skan view; a change in the slave is
-reported; a write registered by a Hat client reaches the slave; enable
+reported; writes registered by a Hat client and sent by a Skan client
+(``payload-json``, docs/eventer.md) reach the slave with their numbers; enable
 toggling stops and restarts the device; and the gateway carries on after a
 broker restart.  Both of hat-gateway's modes:
 
@@ -198,6 +199,18 @@ async def scenario(system: HatSystem, slave: PeerProcess) -> None:
         await hat.wait(t("gateway", "remote_device", "1", "write", "value"),
                        {"json": {"request_id": "w1", "result": "SUCCESS"}})
 
+        # ... and from a Skan client, with the payload-json convention.
+        await skan.send_event_json("gateway", {"request_id": "w2", "value": 555},
+                                   instance="modbus_master/dev1/system/remote_device/1/"
+                                            "write/value")
+        assert (await slave.call("writes"))["writes"] == [
+            {"device_id": 1, "data_type": "HOLDING_REGISTER", "address": 0,
+             "values": [555]}]
+        await hat.wait(t("gateway", "remote_device", "1", "write", "value"),
+                       {"json": {"request_id": "w2", "result": "SUCCESS"}})
+        await hat.wait(t("gateway", "remote_device", "1", "read", "value"),
+                       read_value(555, "CHANGE"))
+
         # Enable toggling stops and restarts the device.
         await register(commander, t("system", "enable"), False)
         await hat.wait(t("gateway", "running"), {"json": False})
@@ -222,7 +235,7 @@ async def scenario(system: HatSystem, slave: PeerProcess) -> None:
             # No new enable: the gateway reads both enables back (latest queries).
             await hat.wait(t("gateway", "running"), {"json": True}, timeout=40)
             await hat.wait(t("gateway", "remote_device", "1", "read", "value"),
-                           read_value(4321, "INTERROGATE"))
+                           read_value(555, "INTERROGATE"))
         # (Through hat-monitor the gateway reconnects by itself, maybe before
         # these clients subscribed: a change in the device shows it runs.)
         assert await slave.call("set", data_type="HOLDING_REGISTER", address=0,
