@@ -56,7 +56,7 @@ class HatObserver:
 
     async def wait(self, etype: list[str], payload: Any = None, *,
                    where: Callable[[dict], bool] | None = None,
-                   timeout: float = 20.0) -> dict[str, Any]:
+                   timeout: float = 30.0) -> dict[str, Any]:
         """The first event (since the last wait) of ``etype`` whose payload is
         ``payload`` (or passes ``where``)."""
         with trio.move_on_after(timeout):
