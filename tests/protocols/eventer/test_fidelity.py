@@ -210,3 +210,70 @@ async def test_bad_payload_json_gets_an_error_frame_and_the_connection_stays(tag
         with trio.fail_after(5):
             async with SkanClient.connect(*broker.skan) as c:
                 assert "uptime" in await c.stats()
+
+
+# ---- bridges ------------------------------------------------------------------------------
+
+
+async def test_eventer_bridge_carries_exact_payloads_both_ways():
+    from tests.protocols.eventer.test_bridge import bridge_config
+
+    n = len(PAYLOADS)
+    server = await PeerProcess.start(EVENTER09_PEER, "eventer09_server.py")
+    async with server:
+        port = (await server.line())["port"]
+        with BrokerProcess(bridge_config(port, subscriptions=f'[["{GROUP}", "*"]]')) as b:
+            await server.call("clients", count=1)
+            local = await hat_client(b, subscriptions=[[GROUP, "*"]])
+            producer = await hat_client(b)
+            async with local, producer, SkanClient.connect(*b.skan) as skan:
+                await skan.subscribe(GROUP)
+                # remote -> local: the remote server's events reach local Hat clients exactly
+                notified = await server.call("notify", events=[
+                    {"type": r["type"], "payload": r["payload"]} for r in registrations()])
+                assert len(notified["notified"]) == n
+                got = (await local.call("events", count=n))["events"]
+                regs = {tuple(r["type"]): r["payload"] for r in registrations()}
+                assert len(got) == n
+                for e in got:
+                    assert same(e["payload"], regs[tuple(e["type"])]), e
+                first = await skan.receive()  # and Skan subscribers the Skan view
+                assert (first.instance, first.msg, first.event_json) == ("0", b"true", True)
+                # local -> remote: a local Hat client's typed registration on the
+                # bridged group is registered remotely exactly, source timestamp included
+                out = [{"type": ["plant", str(i)], "payload": {"json": p},
+                        "source_timestamp": 1700000000.000001 + i}
+                       for i, p in enumerate(PAYLOADS)]
+                await producer.call("register", events=out)
+                reg = await server.call("registered", count=n, timeout=10)
+                assert len(reg["events"]) == n
+                for sent, e in zip(out, reg["events"], strict=True):
+                    assert e["type"] == sent["type"]
+                    assert same(e["payload"], sent["payload"]), e
+                    assert round(e["source_timestamp"] * 1e6) == round(
+                        sent["source_timestamp"] * 1e6)
+
+
+async def test_mariner_bridge_carries_exact_payloads():
+    """Broker to broker over Mariner: Hat registrations on the upstream broker reach a
+    Hat client of the downstream broker exactly (Mariner events out, bridge in)."""
+    from tests.protocols.eventer.test_bridge import free_port
+    from tests.protocols.mariner.test_bridge import bridge_config
+
+    n = len(PAYLOADS)
+    port = free_port()
+    with BrokerProcess(args=("--mariner-port", str(port))) as upstream, \
+            BrokerProcess(bridge_config(port, subscriptions=f'[["{GROUP}", "*"]]')) as down:
+        local = await hat_client(down, subscriptions=[[GROUP, "*"]])
+        producer = await hat_client(upstream)
+        async with local, producer:
+            # until the bridge is up: a probe registered upstream arrives downstream
+            with trio.fail_after(20):
+                while True:
+                    await producer.call("register", events=[{"type": [GROUP, "probe"]}])
+                    if (await local.call("events", count=1, timeout=0.5))["events"]:
+                        break
+            await trio.sleep(0.3)
+            await local.call("events", count=100, timeout=0.3)  # late probes
+            await producer.call("register", events=registrations())
+            check_exact((await local.call("events", count=n))["events"], "Mariner bridge")
