@@ -69,11 +69,12 @@ async def test_queries_and_events_see_the_whole_cluster(two_brokers):
         ids_a = [e["id"] for e in reg_a]
         ids_b = [e["id"] for e in reg_b]
         assert {i[0] for i in ids_a} == {1} and {i[0] for i in ids_b} == {2}
-        # The subscriber on b sees a's events with a's EventIds and timestamps
-        # (not its own: never to the sender).
-        got = (await on_b.call("events", count=2))["events"]
+        # The subscriber on b sees a's events with a's EventIds and timestamps,
+        # and its own q/a (a Hat client subscribed to what it registers is
+        # notified of it, as by hat-event-server).
+        got = (await on_b.call("events", count=3))["events"]
         assert {tuple(e["id"]): e["timestamp"] for e in got} == {
-            tuple(e["id"]): e["timestamp"] for e in reg_a}
+            tuple(e["id"]): e["timestamp"] for e in [*reg_a, reg_b[0]]}
 
         ordered = [ids_a[0], ids_a[1], ids_b[0], ids_b[1]]  # registration (= time) order
         for peer in (on_a, on_b):  # either broker answers for the whole cluster
