@@ -112,9 +112,11 @@ def source_ts(offset):
 
 
 def timeseries(types=None, order="descending", order_by="timestamp", max_results=None,
-               last=None, source_from=None, source_to=None):
+               last=None, source_from=None, source_to=None, t_from=None, t_to=None):
     return common.QueryTimeseriesParams(
         event_types=None if types is None else [tuple(t.split("/")) for t in types],
+        t_from=None if t_from is None else common.timestamp_from_float(t_from),
+        t_to=None if t_to is None else common.timestamp_from_float(t_to),
         source_t_from=source_ts(source_from), source_t_to=source_ts(source_to),
         order=common.Order(order), order_by=common.OrderBy(order_by),
         max_results=max_results, last_event_id=last)
@@ -130,10 +132,12 @@ async def session(port, server_id):
     q = Client("diff/question")        # diff/?/x and diff/?
     pers = Client("diff/persisted")    # diff/* with persisted=True
     reg_c = Client("diff/register")    # no subscription
+    deep = Client("diff/deep")         # diff/?/* (a '?' before the '*')
     step("connect star", await star.connect(port, ["diff/*"]))
     step("connect question", await q.connect(port, ["diff/?/x", "diff/?"]))
     step("connect persisted", await pers.connect(port, ["diff/*"], persisted=True))
     step("connect register", await reg_c.connect(port))
+    step("connect deep", await deep.connect(port, ["diff/?/*"]))
 
     # 1. Register with response: JSON of every kind, binary, no payload,
     #    with and without source timestamps.
@@ -145,9 +149,11 @@ async def session(port, server_id):
         reg("diff/d/e/f", None, source=2),
     ]
     res = await asyncio.wait_for(reg_c.client.register(batch1, True), 5)
+    first_session = res
     step("register 1 response", [event_json(e) for e in res])
     step("star notifies 1", await star.take(5))
     step("question notifies 1", await q.take(3))
+    step("deep notifies 1", await deep.take(4))
 
     # 2. Register without response, two requests back to back.
     r = await asyncio.wait_for(reg_c.client.register(
@@ -158,6 +164,14 @@ async def session(port, server_id):
     step("register 3 response", r)
     step("star notifies 2-3", await star.take(3))
     step("question notifies 2-3", await q.take(3))
+
+    # Edge cases: an empty request, an empty type segment.
+    step("register empty", await asyncio.wait_for(reg_c.client.register([], True), 5))
+    res = await asyncio.wait_for(reg_c.client.register(
+        [reg("diff/edge//x", {"json": 0})], True), 5)
+    edge = res
+    step("register empty segment", None if res is None else [event_json(e) for e in res])
+    step("star notifies edge", await star.take(1, timeout=1.0))
 
     # 3. A subscriber registers an event it is itself subscribed to.
     res = await asyncio.wait_for(star.client.register([reg("diff/own", {"json": [1]})], True), 5)
@@ -188,6 +202,14 @@ async def session(port, server_id):
     step("timeseries source window", query_result(await asyncio.wait_for(
         reg_c.client.query(timeseries(["diff/*"], order_by="sourceTimestamp",
                                       source_from=2, source_to=5)), 5)))
+    # A timestamp window: after the first request, up to the edge-case event
+    # (inclusive), so the last request (diff/own) is left out.
+    after_first = max(common.timestamp_to_float(e.timestamp) for e in first_session) + 1e-6
+    step("timeseries time window", query_result(await asyncio.wait_for(
+        reg_c.client.query(timeseries(["diff/*"], t_from=after_first,
+                                      t_to=common.timestamp_to_float(edge[0].timestamp))), 5)))
+    step("timeseries no types", query_result(await asyncio.wait_for(
+        reg_c.client.query(timeseries([])), 5)))
     step("timeseries max 0", query_result(await asyncio.wait_for(
         reg_c.client.query(timeseries(["diff/*"], max_results=0)), 5)))
 
@@ -211,7 +233,7 @@ async def session(port, server_id):
     # 8. Status.
     step("statuses", {"star": [star.client.status.value, star.statuses],
                       "register": [reg_c.client.status.value, reg_c.statuses]})
-    for c in (star, q, pers, reg_c):
+    for c in (star, q, pers, reg_c, deep):
         await c.client.async_close()
     return steps
 
