@@ -133,11 +133,15 @@ async def session(port, server_id):
     pers = Client("diff/persisted")    # diff/* with persisted=True
     reg_c = Client("diff/register")    # no subscription
     deep = Client("diff/deep")         # diff/?/* (a '?' before the '*')
+    mine = Client("diff/mine")         # diff/* of this server's events (serverId)
+    other = Client("diff/other")       # diff/* of another server's events
     step("connect star", await star.connect(port, ["diff/*"]))
     step("connect question", await q.connect(port, ["diff/?/x", "diff/?"]))
     step("connect persisted", await pers.connect(port, ["diff/*"], persisted=True))
     step("connect register", await reg_c.connect(port))
     step("connect deep", await deep.connect(port, ["diff/?/*"]))
+    step("connect mine", await mine.connect(port, ["diff/*"], server_id=server_id))
+    step("connect other", await other.connect(port, ["diff/*"], server_id=server_id + 1))
 
     # 1. Register with response: JSON of every kind, binary, no payload,
     #    with and without source timestamps.
@@ -154,6 +158,8 @@ async def session(port, server_id):
     step("star notifies 1", await star.take(5))
     step("question notifies 1", await q.take(3))
     step("deep notifies 1", await deep.take(4))
+    step("mine notifies 1", await mine.take(5))
+    step("other notifies 1", await other.take(1, timeout=0.5))
 
     # 2. Register without response, two requests back to back.
     r = await asyncio.wait_for(reg_c.client.register(
@@ -233,7 +239,7 @@ async def session(port, server_id):
     # 8. Status.
     step("statuses", {"star": [star.client.status.value, star.statuses],
                       "register": [reg_c.client.status.value, reg_c.statuses]})
-    for c in (star, q, pers, reg_c, deep):
+    for c in (star, q, pers, reg_c, deep, mine, other):
         await c.client.async_close()
     return steps
 
