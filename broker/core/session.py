@@ -150,9 +150,17 @@ def check_payload_json(header: dict[bytes, Any]) -> str | None:
 
 def send_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
     """The routing key ``(group, instance, to, is_reply)`` of a well-formed send from
-    ``lname``; None for any other message (which :meth:`SkanSession.handle` then
-    examines field by field).  The one statement of what a routable send is:
+    ``lname`` without a ``payload-json`` tag; None for any other message (which
+    :meth:`SkanSession.handle` then examines field by field: a send with the
+    tag is checked there, so sends without it pay nothing for the check).
     ``_speedups.decode_send`` compiles exactly this rule (differential tests)."""
+    if PAYLOAD_JSON_TAG in header:
+        return None
+    return route_key(header, lname)
+
+
+def route_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
+    """The routing key of a well-formed send from ``lname``, whatever its tags."""
     if header.get(b"type") != b"send":
         return None
     group = header.get(b"group")
@@ -203,11 +211,7 @@ class SkanSession:
         """Apply one framed Skan message (4-byte prefix included)."""
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
-            # Hot path: a well-formed send from this connection.
-            if PAYLOAD_JSON_TAG in header:
-                refused = check_payload_json(header)
-                if refused is not None:
-                    return Rejected(refused, header[b"seq"])
+            # Hot path: a well-formed send from this connection (no payload-json).
             try:
                 self.router.route(self.endpoint, frame, header, key=key)
             except NotPermitted as exc:
@@ -215,6 +219,8 @@ class SkanSession:
             return None
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:
+            if PAYLOAD_JSON_TAG in header:
+                return self._tagged_send(frame, header)
             return self._bad_send(header)
         seq = header.get(b"seq")
         seq = seq if type(seq) is bytes else None
@@ -256,6 +262,20 @@ class SkanSession:
         if isinstance(mtype, Nested):
             return Rejected("the field 'type' must be DATA", seq)
         return Rejected(f"unknown message type {mtype.decode(errors='replace')!r}", seq)
+
+    def _tagged_send(self, frame: bytes, header: dict[bytes, Any]) -> Rejected | None:
+        """A send carrying the ``payload-json`` tag: routed once the tag is sound."""
+        key = route_key(header, self.endpoint.lname)
+        if key is None:
+            return self._bad_send(header)
+        refused = check_payload_json(header)
+        if refused is not None:
+            return Rejected(refused, header[b"seq"])
+        try:
+            self.router.route(self.endpoint, frame, header, key=key)
+        except NotPermitted as exc:
+            return Rejected(exc.reason, header[b"seq"], denied=True)
+        return None
 
     def _bad_send(self, header: dict[bytes, Any]) -> Rejected:
         seq = header.get(b"seq")
