@@ -342,8 +342,11 @@ class Store:
         """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
         if self._router is not None:
             self._router.hand_over()  # what the open batch routed so far counts too
-        if self._ops:
-            with self._lock:
+        # The lock even with nothing queued: the writer thread may have taken
+        # the queue and be committing it, and what it took must be readable
+        # when this returns (a query right after a routing batch).
+        with self._lock:
+            if self._ops:
                 self._commit_queued()
         if self._reports:
             self.deliver_reports()
