@@ -8,8 +8,7 @@ import json
 import pytest
 
 from clients import cli as skan_cli
-from clients import eventer as eventer_cli
-from clients import mariner as mariner_cli
+from clients import eventer_cli, mariner_cli
 from tests.brokerproc import BrokerProcess
 from tests.clients.scripts import Running, run
 
