@@ -21,7 +21,7 @@ from broker.core.inject import build_send
 from broker.core.router import Routed
 from broker.protocols.eventer.mapping import fast_encode_routed
 from broker.protocols.mariner.mapping import EncodedEvents
-from broker.store.runs import RunBuilder
+from broker.store.batch_rows import RunBuilder
 from wire.hat import JsonPayload, Timestamp
 from wire.skan.eventjson import PAYLOAD_JSON_TAG, exact_text
 from wire.skan.jsonvalue import json_to_skan

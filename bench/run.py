@@ -39,7 +39,7 @@ FEATURES_OFF = {
     "store": "\n[store]\nenabled = false\n",
 }
 BARE = "".join(FEATURES_OFF.values())
-# Not a feature but the scheduler hints (broker/runtime/scheduling.py): a
+# Not a feature but the scheduler hints (broker/serving/scheduling.py): a
 # broker without them, beside the rest, shows what they buy.
 FEATURES_OFF["hints"] = "\n[broker]\nrouting_slice = 0\nwriter_nice = 0\n"
 

@@ -34,11 +34,11 @@ from broker.core.reasons import LISTENER_PROTOCOLS, CloseReason, ErrorKind, Refu
 from broker.core.router import Router
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
-from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
+from broker.serving.bridge_runner import BridgeStatus, BufferedBridgeEndpoint
 from broker.store import Store
 
 if TYPE_CHECKING:
-    from broker.runtime.context import BrokerContext
+    from broker.serving.context import BrokerContext
 
 # Groups whose counts are kept between scrapes.  Group names are chosen by
 # clients, so the table is pruned back to the allow-list plus the busiest

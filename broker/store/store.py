@@ -40,9 +40,7 @@ import attrs
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed, Router
-from broker.store.carry import SpoolCarry
-from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
-from broker.store.runs import (
+from broker.store.batch_rows import (
     MAX_RUN,
     MAX_RUN_BYTES,
     MAX_RUN_SPAN,
@@ -52,6 +50,8 @@ from broker.store.runs import (
     decode,
     unpack,
 )
+from broker.store.carry import SpoolCarry
+from broker.store.db import DB_NAME, StoreError, connect, open_store, read_meta
 from wire.hattime import split_timestamp
 from wire.skan import decode_header
 
@@ -342,9 +342,9 @@ class Store:
         """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
         if self._router is not None:
             self._router.hand_over()  # what the open batch routed so far counts too
-        # The lock even with nothing queued: the writer thread may have taken
-        # the queue and be committing it, and what it took must be readable
-        # when this returns (a query right after a routing batch).
+        # Always through the lock: the writer thread may have taken the queued
+        # operations already and be committing them; a read that did not wait
+        # for that commit would miss messages routed (and notified) before it.
         with self._lock:
             if self._ops:
                 self._commit_queued()
@@ -367,7 +367,7 @@ class Store:
             return
         batch = _expand([ops.popleft() for _ in range(n)])
         # Per message, only what SQLite needs: this loop holds the GIL that
-        # routing needs too (see broker/store/runs.py for why runs).
+        # routing needs too (see broker/store/batch_rows.py for why runs).
         rows: list[tuple] = []
         latest: dict[tuple[bytes, bytes], tuple] = {}
         spool_add: list[tuple] = []

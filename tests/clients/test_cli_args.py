@@ -8,8 +8,7 @@ import json
 import pytest
 
 from clients import cli as skan_cli
-from clients import eventer as eventer_cli
-from clients import mariner as mariner_cli
+from clients import eventer_cli, mariner_cli
 from tests.brokerproc import BrokerProcess
 from tests.clients.scripts import Running, run
 
@@ -46,6 +45,10 @@ SKAN_CASES = [
      {"protocol": "hsp", "acked": True, "port": 9913}),
     (["sub", "g", "--token", "secret", "--connect-timeout", "2"],
      {"token": "secret", "connect_timeout": 2.0}),
+    (["connections", "--limit", "5", "--port", "7", "--sort", "since"],
+     {"limit": 5, "port": 7, "sort": "since"}),
+    (["--host", "h", "subscriptions", "--group", "g", "--port", "7"],
+     {"host": "h", "group": "g", "port": 7}),
 ]
 
 

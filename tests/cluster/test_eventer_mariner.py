@@ -9,7 +9,6 @@ import signal
 import pytest
 import trio
 
-from clients.mariner import MarinerClient
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
 from tests.cluster.test_interest_nats import wait_known
@@ -23,6 +22,7 @@ from tests.protocols.eventer.test_fidelity import (
     check_mariner,
     registrations,
 )
+from toolkit.mariner_client import MarinerClient
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 

@@ -8,7 +8,7 @@ import pytest
 
 from broker.core import events
 from broker.core.router import Routed
-from broker.core.session import check_payload_json
+from broker.core.skan_handler import check_payload_json
 from wire import hat
 from wire.skan import decode, decode_header, encode_frame
 from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact, lossless, skan_view

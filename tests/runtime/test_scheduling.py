@@ -1,4 +1,4 @@
-"""Scheduler hints (broker/runtime/scheduling.py): in a thread, and in a running broker."""
+"""Scheduler hints (broker/serving/scheduling.py): in a thread, and in a running broker."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from broker.runtime import scheduling
+from broker.serving import scheduling
 from tests.brokerproc import BrokerProcess
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="per-thread hints are Linux's")
@@ -152,8 +152,8 @@ def test_a_reload_says_the_hints_need_a_restart() -> None:
     """The threads apply the hints as they start: a SIGHUP cannot change them."""
     import attrs
 
-    from broker.runtime.config import Config
-    from broker.runtime.reload import _restart_needed
+    from broker.app.reload import _restart_needed
+    from broker.serving.config import Config
 
     old = Config()
     new = attrs.evolve(old, broker=attrs.evolve(old.broker, routing_slice=0.001, writer_nice=3))

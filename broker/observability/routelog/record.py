@@ -32,12 +32,12 @@ from collections.abc import Callable, Iterable
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan.codec import PURE_PYTHON
 
-# broker/_speedups.c formats the ASCII lines of a batch in one C loop; the
+# broker/_observer_speedups.c formats the ASCII lines of a batch in one C loop; the
 # Python loop (RecordBuffer.observe_py) is the reference and the fallback.
 _lines_c = None
 if not PURE_PYTHON:
     try:
-        from broker._speedups import routelog_lines as _lines_c
+        from broker._observer_speedups import routelog_lines as _lines_c
     except ImportError:  # pragma: no cover - built without a compiler
         _lines_c = None
 

@@ -3,7 +3,7 @@
 Routing path (trio thread): the observer (:class:`.record.RecordBuffer`)
 formats each routed message into one JSON line and buffers it.  Every
 ``handoff_size`` records (and on a short timer, see
-:mod:`broker.observability.routelog.service`) the buffered lines go to the writer thread
+:mod:`broker.observability.routelog.routelog_service`) the buffered lines go to the writer thread
 as one batch.
 
 Writer thread: joins a batch and writes it with one ``os.write`` (the GIL is

@@ -11,9 +11,9 @@ from prometheus_client.exposition import generate_latest
 from broker.core.reasons import CloseReason, ErrorKind, RefusalReason
 from broker.core.router import Router
 from broker.observability.metrics import build_registry, exported_groups, prune_group_stats
-from broker.runtime.bridge import BridgeStatus, BufferedBridgeEndpoint
-from broker.runtime.config import BridgeSection, Config, MetricsSection
-from broker.runtime.context import BrokerContext
+from broker.serving.bridge_runner import BridgeStatus, BufferedBridgeEndpoint
+from broker.serving.config import BridgeSection, Config, MetricsSection
+from broker.serving.context import BrokerContext
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import samples, scrape, value

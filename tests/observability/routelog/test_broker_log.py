@@ -14,8 +14,8 @@ import threading
 import pytest
 import trio
 
-from broker.runtime import app
-from broker.runtime.config import from_mapping
+from broker.app import lifecycle as app
+from broker.serving.config import from_mapping
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.routelog.logfiles import hidden_files, read_log, visible_files
@@ -147,7 +147,7 @@ async def test_killed_broker_leaves_no_half_file_and_next_start_recovers(tmp_pat
 
 
 class InProcessBroker:
-    """``broker.runtime.app.run`` in the test's own trio loop, for reaching its components."""
+    """``broker.app.lifecycle.run`` in the test's own trio loop, for reaching its components."""
 
     def __init__(self, log: dict) -> None:
         ports = {s: {"port": 0} for s in ("skan", "hsp", "eventer", "mariner", "metrics")}
@@ -285,9 +285,9 @@ def test_log_disabled_writes_nothing(tmp_path):
 
 
 async def test_every_protocol_is_logged(tmp_path):
-    from clients.eventer import EventerClient
     from clients.hsp import SkanOverHSP
-    from clients.mariner import MarinerClient
+    from toolkit.eventer_client import EventerClient
+    from toolkit.mariner_client import MarinerClient
     from wire.eventer import JsonPayload, RegisterEvent
 
     b = BrokerProcess("", workdir=tmp_path).start()

@@ -1,4 +1,4 @@
-"""The compiled routing-log formatter (broker/_speedups.c) against the Python loop."""
+"""The compiled routing-log formatter (broker/_observer_speedups.c) against the Python loop."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tests.observability.routelog.test_record import sink
 from wire.skan import decode_header, encode_frame
 
 pytestmark = pytest.mark.skipif(record._lines_c is None,
-                                reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+                                reason="broker._observer_speedups not built "
+                                "(or SKAN_PURE_PYTHON=1)")
 
 # DATA values a client may send: plain, empty, JSON-escaped, non-ASCII, not UTF-8.
 data = st.sampled_from([b"g", b"", b"a b", b'q"uote', b"back\\slash", "é".encode(),
