@@ -22,6 +22,7 @@ from broker.serving.fdlimit import apply_descriptor_limit
 from broker.serving.scheduling import set_thread_slice
 from broker.serving.transport import probe_listen
 from broker.store import Store
+from broker.store.heap import return_large_frames
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ async def run(
     :mod:`broker.app.reload`).
     """
     config = apply_descriptor_limit(config)
+    return_large_frames()
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)

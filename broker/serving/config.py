@@ -129,8 +129,8 @@ class BrokerSection:
     # slice in seconds, so it preempts a writer thread when a message arrives
     # (0: the kernel's default; Linux 6.12+ takes 0.0001 to 0.1) ...
     routing_slice: float = attrs.field(default=100e-6, validator=_non_negative)
-    # ... and the nice increment of the durable store's and the routing
-    # log's writer threads (0: as the routing thread; at most 19).
+    # ... and the nice increment of the durable store's writer thread (0: as
+    # the routing thread; at most 19).  The routing log's is [log] writer_nice.
     writer_nice: int = attrs.field(default=10, validator=_nice)
 
 
@@ -239,9 +239,20 @@ class LogSection:
     # Rotate a file when it reaches this many bytes or this age, whichever first.
     rotate_bytes: int = attrs.field(default=64 * MiB, validator=_positive)
     rotate_seconds: float = attrs.field(default=60.0, validator=_positive)
+    # File format (docs/routing-log.md): Parquet with zstd, or JSON Lines.
+    format: str = attrs.field(default="parquet", validator=_one_of("parquet", "jsonl"))
     # Records buffered between the router and the writer thread before
-    # routing applies back-pressure.
+    # when_full applies: "drop" counts and drops further records, routing
+    # goes on; "backpressure" closes the admission gate until the writer
+    # has caught up.
     queue_records: int = attrs.field(default=200_000, validator=_positive)
+    when_full: str = attrs.field(default="drop", validator=_one_of("drop", "backpressure"))
+    # The routing-log writer thread's nice increment.  0: measured, a writer
+    # at nice 10 on a machine loaded by other processes fell behind a 30 s
+    # 1->1 flood (39% of the records dropped) while at 0 it kept up (peak
+    # queue 43,000 records) and its short per-batch work did not make
+    # routing later in process (docs/routing-log.md, "Performance").
+    writer_nice: int = attrs.field(default=0, validator=_nice)
     # Retention: the oldest complete files are removed once all complete files
     # together pass max_bytes, or a file is older than max_age seconds (0 = no
     # limit).  A routing log left alone must not fill the disk; 1 GiB is 16
