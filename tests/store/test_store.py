@@ -466,7 +466,7 @@ def test_a_read_waits_for_the_commit_the_writer_thread_is_making(tmp_path, monke
     import threading
     import time
 
-    from broker.store import store as store_module
+    from broker.store import writer as store_module
 
     store, router, sender = setup(tmp_path)
     route(router, sender, 1)
