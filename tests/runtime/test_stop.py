@@ -206,9 +206,14 @@ async def test_a_hat_client_s_persisted_events_survive_a_double_sigterm():
         await raw.aclose()
     assert code == 0, "".join(proc.stderr_lines)
     assert notified, "the hat client was notified of nothing"
+    first_log = "".join(proc.stderr_lines[-30:])
     proc = BrokerProcess(config(drain_timeout=60), workdir=wd).start()
     try:
         stored = set(await all_events(proc))
     finally:
         proc.stop()
-    assert set(ids(notified)) <= stored
+    missing = set(ids(notified)) - stored
+    # (Seen once, under a full suite's load, not reproduced since: the
+    # details say whether the missing ones are the newest.)
+    assert not missing, (len(missing), len(notified), len(stored), min(missing), max(missing),
+                         max(stored), "".join(proc.stderr_lines[-20:]), first_log)
