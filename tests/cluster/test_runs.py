@@ -125,7 +125,7 @@ def test_a_mixed_batch_keeps_order_across_subjects():
     sent = [send(routers[0], pub, i, g, inst) for i, (g, inst) in enumerate(plan)]
     routers[0].end_batch()
     assert hpubs(b"".join(bps[0].pending)) == [
-        (b"sk.g.1._", 2), (b"sk.h.1._", 1), (b"sk.g.1._", 1), (b"sk.g.2._", 2)]
+        (b"sk.1.g.1._", 2), (b"sk.1.h.1._", 1), (b"sk.1.g.1._", 1), (b"sk.1.g.2._", 2)]
     fake.pump()
     assert [r.frame for r in sub.got] == [r.frame for r in sent]
 
