@@ -35,7 +35,9 @@ seen") is forgotten.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from itertools import islice
 
 from broker.cluster.subjects import _SAFE
 from wire.errors import MalformedError, RemoteProtocolError
@@ -57,6 +59,18 @@ MAX_PEERS = 256
 # count as wanting everything (safe, and cheaper than tracking it).
 MAX_PEER_GROUPS = 100_000
 _SAFE_BYTES = frozenset(_SAFE)
+_SAFE_DELETE = bytes(sorted(_SAFE))
+# An interest message at most: a full-set part (PART_BYTES of tokens) and its
+# line.  A larger one is refused before it is parsed (per-message work stays
+# bounded whatever NATS's max_payload).
+MAX_INTEREST_BYTES = PART_BYTES + 1024
+# Escaped bytes (%XX) in one message at most: each costs a Python step to
+# decode.  The announcer cuts its parts to respect it.
+MAX_ESCAPES = 32_768
+# A delta's token at most (an escaped group; groups are short).
+MAX_TOKEN_BYTES = 4096
+# Count changes made per step (see RemoteInterest.work): a few milliseconds.
+WORK_CHUNK = 4096
 _ESCAPE = [bytes([b]) if b in _SAFE else b"%%%02X" % b for b in range(256)]
 _HEX = frozenset(b"0123456789ABCDEF")
 
@@ -116,13 +130,15 @@ class Announcer:
         tokens = [EVERYTHING] if everything else []
         tokens += map(escape, groups)
         parts: list[list[bytes]] = [[]]
-        size = 0
+        size = escapes = 0
         for token in tokens:
-            if size and size + len(token) + 1 > part_bytes:
+            n = token.count(b"%")
+            if size and (size + len(token) + 1 > part_bytes or escapes + n > MAX_ESCAPES):
                 parts.append([])
-                size = 0
+                size = escapes = 0
             parts[-1].append(token)
             size += len(token) + 1
+            escapes += n
         kind = HELLO if hello else FULL
         return [self._line(kind, b" %d %d" % (i, len(parts))) + b"".join(t + b"\n" for t in p)
                 for i, p in enumerate(parts)]
@@ -176,9 +192,13 @@ class RemoteInterest:
         self._unknown: set[int] = set()
         self._heard: dict[int, float] = {}
         self._blind_until: float | None = None  # None: never connected
-        # group -> how many known sets hold it; _union: the groups with a count.
-        self._count: dict[bytes, int] = {}
-        self._union: set[bytes] = set()
+        # group -> how many known sets hold it (no zeros): the union of the
+        # announced sets, and what :attr:`wanted` is once every count is done.
+        self._count: Counter[bytes] = Counter()
+        # Count changes still to make: (groups, +1 or -1), applied WORK_CHUNK
+        # groups at a time by :meth:`work` (everything is published meanwhile).
+        self._work: deque[tuple[Iterator[bytes], int]] = deque()
+        self._now = 0.0
         self._everything = 0  # known sets wanting everything
         # Until when everything is published because a broker was refused
         # (over max_peers) or its set was (over max_groups).
@@ -205,8 +225,8 @@ class RemoteInterest:
         self._known.clear()
         self._unknown.clear()
         self._heard.clear()
-        self._count.clear()
-        self._union = set()  # a new object: the out path may hold the old one
+        self._count = Counter()  # a new object: the out path may hold the old one
+        self._work.clear()
         self._everything = 0
         self._over_until = 0.0
 
@@ -245,6 +265,9 @@ class RemoteInterest:
         names; the message must speak for that broker).  True when it is a
         complete ``hello`` (its sender wants our full set now).  MalformedError
         when it is malformed (the sender's interest then counts as unknown)."""
+        if len(payload) > MAX_INTEREST_BYTES:
+            raise MalformedError(f"interest message of {len(payload)} bytes "
+                                 f"(at most {MAX_INTEREST_BYTES})")
         nl = payload.find(b"\n")
         head = (payload if nl < 0 else payload[:nl]).split(b" ", 6)
         if (len(head) < 4 or head[0] != MAGIC or not head[1].isdigit() or not head[2].isdigit()
@@ -267,6 +290,8 @@ class RemoteInterest:
             raise
         finally:
             self._update(now)
+            if self._work:
+                self.work()  # a small change is applied at once
 
     # ---- state -----------------------------------------------------------
 
@@ -312,10 +337,14 @@ class RemoteInterest:
                     tokens = [t for t in tokens if t != EVERYTHING]
                 if b"" in tokens:
                     raise MalformedError("empty interest token")
-                if b"%" in body:
+                escapes = body.count(b"%")
+                if escapes > MAX_ESCAPES:
+                    raise MalformedError(f"interest message with {escapes} escapes "
+                                         f"(at most {MAX_ESCAPES})")
+                if escapes:
                     groups.update(map(unescape, tokens))
-                elif _SAFE_BYTES.issuperset(b"".join(tokens)):
-                    groups.update(tokens)
+                elif not b"".join(tokens).translate(None, _SAFE_DELETE):
+                    groups.update(tokens)  # every byte safe (checked in one C call)
                 else:
                     raise MalformedError("bad interest token")
             if len(groups) > self.max_groups:
@@ -333,7 +362,7 @@ class RemoteInterest:
             self._set(server, known, groups, everything[0])
             self._unknown.discard(server)
             return kind == HELLO
-        if kind not in (ADD, DROP) or body.count(b"\n") != 1:
+        if kind not in (ADD, DROP) or body.count(b"\n") != 1 or len(body) > MAX_TOKEN_BYTES:
             raise MalformedError("bad interest delta")
         if known is None or known.pending is not None or seq != known.seq + 1:
             self._forget_set(server)  # deltas only apply to a complete, gap-free set
@@ -353,38 +382,49 @@ class RemoteInterest:
                     self._set(server, known, set(), True)
                     return False
                 known.groups.add(group)
-                self._inc(group)
+                self._work.append((iter((group,)), 1))
         elif group in known.groups:
             known.groups.discard(group)
-            self._dec(group)
+            self._work.append((iter((group,)), -1))
         return False
 
     def _set(self, server: int, known: _Known, groups: set[bytes], everything: bool) -> None:
         """Replace ``server``'s complete set, counting only the difference."""
         old = known.groups
         if groups != old:
-            for group in groups - old:
-                self._inc(group)
-            for group in old - groups:
-                self._dec(group)
+            # Set differences in C; the counts follow in bounded steps (work()).
+            added, removed = groups - old, old - groups
+            if added:
+                self._work.append((iter(added), 1))
+            if removed:
+                self._work.append((iter(removed), -1))
             known.groups = groups
         if everything != known.everything:
             self._everything += 1 if everything else -1
             known.everything = everything
 
-    def _inc(self, group: bytes) -> None:
-        n = self._count.get(group, 0)
-        self._count[group] = n + 1
-        if not n:
-            self._union.add(group)
-
-    def _dec(self, group: bytes) -> None:
-        n = self._count[group] - 1
-        if n:
-            self._count[group] = n
-        else:
-            del self._count[group]
-            self._union.discard(group)
+    def work(self, budget: int = WORK_CHUNK) -> bool:
+        """Make up to ``budget`` of the pending count changes; True while some
+        remain (the caller yields to other tasks between calls)."""
+        count, work = self._count, self._work
+        while work and budget > 0:
+            groups, sign = work[0]
+            chunk = list(islice(groups, budget))
+            if len(chunk) < budget:
+                work.popleft()
+            budget -= len(chunk) or 1
+            if sign > 0:
+                count.update(chunk)  # one C loop
+            else:
+                for group in chunk:
+                    n = count[group] - 1
+                    if n:
+                        count[group] = n
+                    else:
+                        del count[group]
+        if not work:
+            self._update(self._now)
+        return bool(work)
 
     def _drop_known(self, server: int) -> None:
         known = self._known.pop(server, None)
@@ -396,13 +436,21 @@ class RemoteInterest:
         self._unknown.add(server)
 
     def _update(self, now: float) -> None:
+        self._now = now
         if self._blind_until is None or now < self._blind_until:
             self.wanted = None
             return
-        if self._unknown or self._everything or now < self._over_until:
+        if self._unknown or self._everything or now < self._over_until or self._work:
             self.wanted = None
             return
-        self.wanted = self._union  # the last complete sets (a new one may be arriving)
+        # The last complete sets (a new one may be arriving); a dict of counts,
+        # read by the out path with ``in`` only.
+        self.wanted = self._count  # type: ignore[assignment]
+
+    @property
+    def busy(self) -> bool:
+        """Whether count changes are pending (:meth:`work`)."""
+        return bool(self._work)
 
     @property
     def state(self) -> str:

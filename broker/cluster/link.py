@@ -178,10 +178,11 @@ class ClusterLink:
         if not state[0]:
             state[2].set()
 
-    def answer(self, local: cq.LocalQuery | None, msg: nats.Msg) -> None:
+    def answer(self, local: cq.LocalQuery | None, msg: nats.Msg, refused: bool = False) -> None:
         """Another broker asks a query: answer with ``local`` (this broker's own
         store; None: it retains nothing), and only with what this broker's
-        configuration of the asking user may read (reader task)."""
+        configuration of the asking user may read (``refused``: answer empty,
+        counted: too many queries are waiting)."""
         if not msg.reply or self.queue is None:
             return
         asker = subjects.control_sender(msg.subject, subjects.QUERY)
@@ -199,7 +200,10 @@ class ClusterLink:
             return
         perms = claims.permissions(request.claim, self.auth() if self.auth else Authenticator(),
                                    query=True)
-        if perms is claims.NOTHING:
+        if refused:
+            self.queries_refused += 1
+            found = cq.Gathered([], True)
+        elif perms is claims.NOTHING:
             self.queries_refused += 1
             log.info("cluster: query from broker %d for user %s refused: this broker grants "
                      "that user nothing", asker, claims.name(request.claim))

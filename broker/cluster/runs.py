@@ -99,7 +99,7 @@ def unpack_run(msg: nats.Msg, max_frame: int
     if not (total == total and min(stamps) >= 0.0 and max(stamps) <= MAX_TIMESTAMP):
         raise MalformedError("run with a timestamp out of range")
     frames, stop, bad, _need = split_frames(payload, at, max_frame)
-    if bad > max_frame:
+    if bad > max_frame and stop + 4 + bad <= len(payload):
         raise LimitError(f"run holds a frame of {bad} bytes, over max_frame ({max_frame})")
     if bad >= 0 or stop != len(payload) or len(frames) != count:
         raise MalformedError(f"run of {count} messages does not hold {count} Skan frames")

@@ -61,6 +61,10 @@ SID_INTEREST, SID_PING = b"interest", b"ping"
 # published to it until its next full set): a flood of them must never
 # hold memory or the reader.
 INTEREST_BACKLOG = 256
+# Queries from other brokers waiting to be answered (one per turn, by a task
+# of their own: an answer reads the store, milliseconds each).  Past it a
+# query is answered empty at once and counted (queries_refused).
+QUERY_BACKLOG = 32
 # Seconds between two log lines about malformed messages from NATS: anyone
 # who can publish on the cluster's subjects can send them at will, so the
 # log gets the first of each interval and the counter gets every one.
@@ -254,9 +258,12 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
             now = trio.current_time()
             backplane.remote.tick(now)
             status.peers.forget(now, 3 * cfg.heartbeat)
+            if backplane.remote.busy:
+                arrived.set()  # a forgotten broker's counts to undo
             backplane.announce()  # the full set, with each heartbeat (before it)
 
     # Interest messages, applied one per turn by their own task.
+    remote = backplane.remote
     backlog: deque[nats.Msg] = deque()
     arrived = trio.Event()
 
@@ -265,10 +272,31 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
         while True:
             await arrived.wait()
             arrived = trio.Event()
-            while backlog:
-                msg = backlog.popleft()
-                backplane.interest_received(msg.payload, trio.current_time(), msg.subject)
+            while backlog or remote.busy:
+                if backlog:
+                    msg = backlog.popleft()
+                    backplane.interest_received(msg.payload, trio.current_time(), msg.subject)
+                remote.work()  # bounded steps, other tasks in between
                 await trio.sleep(0)
+
+    queries: deque[nats.Msg] = deque()
+    asked = trio.Event()
+
+    async def answer_queries() -> None:
+        nonlocal asked
+        while True:
+            await asked.wait()
+            asked = trio.Event()
+            while queries:
+                state.answer(_local_query(ctx), queries.popleft())
+                await trio.sleep(0)
+
+    def query_arrived(msg: nats.Msg) -> None:
+        if len(queries) >= QUERY_BACKLOG:
+            state.answer(None, msg, refused=True)
+            return
+        queries.append(msg)
+        asked.set()
 
     def interest_arrived(msg: nats.Msg) -> None:
         if len(backlog) >= INTEREST_BACKLOG:
@@ -285,6 +313,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                                    router=router))
         nursery.start_soon(heartbeat)
         nursery.start_soon(apply_interest)
+        nursery.start_soon(answer_queries)
         while True:
             events = await link.events()
             # Routed like a client's read: one batch, direct writes after it.
@@ -300,7 +329,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                         elif sid == SID_ANSWERS:
                             state.answered(ev)
                         elif sid == SID_QUERY:
-                            state.answer(_local_query(ctx), ev)
+                            query_arrived(ev)
                         elif sid == SID_PING:
                             state.pinged(ev)
                         elif sid == SID_ID:
