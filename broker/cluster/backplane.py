@@ -86,7 +86,6 @@ HELLO_INTERVAL = 0.1
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 # Field getters, for C-level passes over a batch (Backplane._unwanted).
 _HEADER_OF = attrgetter("header")
-_SENDER = attrgetter("sender")
 _GROUP = itemgetter(b"group")
 _TO = itemgetter(b"to")
 
@@ -207,12 +206,9 @@ class Backplane(Endpoint):
 
     def _one_run(self, batch: list[Routed], subject: bytes, parts: list[bytes]) -> bool:
         """A batch that is one run of one subject (one session, consecutive
-        instances: one publisher's read), cut at RUN_BYTES.  False (nothing
+        instances, one sender: one publisher's read), cut at RUN_BYTES.  False (nothing
         done) when a frame is too large for NATS: the general path drops it."""
-        senders = list(map(_SENDER, batch))
         head, n = batch[0], len(batch)
-        if senders.count(head.sender) != n:
-            return False  # several senders: a run speaks for one user
         frames, ends, stamps, largest = runs.run_parts(batch)
         if largest > self.max_payload - HEADER_ROOM - STAMP:
             return False

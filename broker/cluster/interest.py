@@ -259,6 +259,8 @@ class RemoteInterest:
                 self._drop_known(server)
                 self._unknown.discard(server)
         self._update(now)
+        if self._work:
+            self.work()
 
     def receive(self, payload: bytes, now: float, sender: int | None = None) -> bool:
         """Apply one interest message (``sender``: the server id its subject
@@ -443,9 +445,9 @@ class RemoteInterest:
         if self._unknown or self._everything or now < self._over_until or self._work:
             self.wanted = None
             return
-        # The last complete sets (a new one may be arriving); a dict of counts,
-        # read by the out path with ``in`` only.
-        self.wanted = self._count  # type: ignore[assignment]
+        # The last complete sets (a new one may be arriving): the counted
+        # groups, a live view (the out path only tests ``in``).
+        self.wanted = self._count.keys()  # type: ignore[assignment]
 
     @property
     def busy(self) -> bool:
