@@ -246,7 +246,7 @@ class ClusterLink:
         if verdict == peers.RESTARTED:
             backplane.peer_restarted(server, now)
         backplane.remote.heard(server, now)
-        if verdict != peers.KNOWN or server not in status.peers.proven:
+        if verdict != peers.KNOWN or not status.peers.is_proven(server):
             self.ping(now)
 
     def ping(self, now: float) -> None:

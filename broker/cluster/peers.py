@@ -76,8 +76,10 @@ class Peers:
     # server id -> trio time of its last heartbeat
     seen: dict[int, float] = attrs.Factory(dict)
     boots: dict[int, str] = attrs.Factory(dict)
-    # Brokers that answered a ping in their current boot.
-    proven: set[int] = attrs.Factory(set)
+    # server id -> the boot in which it answered a ping (kept when a broker
+    # is forgotten for a late heartbeat: the same boot heard again needs no
+    # new ping; at most max_peers entries).
+    proven: dict[int, str] = attrs.Factory(dict)
     # Heartbeats refused: over max_peers.
     refused: int = 0
 
@@ -98,32 +100,36 @@ class Peers:
         self.seen[server] = now
         if old != boot:
             self.boots[server] = boot
-            self.proven.discard(server)
+            self.proven.pop(server, None)
             return RESTARTED
         return KNOWN
+
+    def is_proven(self, server: int) -> bool:
+        boot = self.boots.get(server)
+        return boot is not None and self.proven.get(server) == boot
 
     def proved(self, server: int, boot: str) -> bool:
         """A ping answer: ``server`` is alive in boot ``boot``."""
         if self.boots.get(server) != boot:
             return False
-        self.proven.add(server)
+        if server not in self.proven and len(self.proven) >= self.max_peers:
+            self.proven = {s: b for s, b in self.proven.items() if s in self.boots}
+        self.proven[server] = boot
         return True
-
-    def unproven(self) -> list[int]:
-        return [s for s in self.seen if s not in self.proven]
 
     def missed(self, servers: set[int]) -> None:
         """These brokers did not answer a query in time: ping before waiting again."""
-        self.proven -= servers
+        for server in servers:
+            self.proven.pop(server, None)
 
     def forget(self, now: float, expire: float) -> None:
         """Drop brokers not heard for ``expire`` seconds."""
         for server, when in list(self.seen.items()):
             if now - when >= expire:
                 del self.seen[server]
-                self.boots.pop(server, None)
-                self.proven.discard(server)
+                if server not in self.proven:
+                    self.boots.pop(server, None)
 
     def alive(self, now: float, expire: float) -> list[int]:
         """Other brokers heard within ``expire`` that proved alive."""
-        return [s for s, t in self.seen.items() if now - t < expire and s in self.proven]
+        return [s for s, t in self.seen.items() if now - t < expire and self.is_proven(s)]

@@ -59,6 +59,14 @@ def test_peers_are_bounded_proved_and_reset_on_restart():
     assert p.alive(0.0, 3.0) == [2]
     assert p.heard(2, "f" * 16, 1.0, 3.0) == peers.RESTARTED and p.alive(1.0, 3.0) == []
     assert p.heard(5, boot, 4.0, 3.0) == peers.NEW  # 3 and 4 forgotten: room again
+    # A proved broker forgotten for a late heartbeat is still proved when the
+    # same boot is heard again (no new ping needed); a new boot is not.
+    assert p.proved(5, boot) and p.alive(4.0, 3.0) == [5]
+    p.forget(10.0, 3.0)
+    assert p.alive(10.0, 3.0) == []
+    assert p.heard(5, boot, 10.0, 3.0) == peers.KNOWN and p.alive(10.0, 3.0) == [5]
+    p.missed({5})
+    assert p.alive(10.0, 3.0) == []
 
 
 # ---- user claims ------------------------------------------------------------------
