@@ -9,7 +9,8 @@ congested, as a publisher's connection is); a writer sends what the backplane
 queued (all of it in one write); a heartbeat announces this broker, so
 ``stats`` and ``/metrics`` can show the brokers seen; interest messages
 are applied by a task of their own (bounded backlog, one message per
-turn), off the reader that routes.  Every subject a broker publishes on
+turn), off the reader that routes; queries from other brokers are answered
+at most QUERY_BURST per read (bounded backlog).  Every subject a broker publishes on
 names it (:mod:`broker.cluster.subjects`), and everything read from NATS
 is checked as untrusted input (BROKER-SPEC section 8).  When NATS goes away
 the broker keeps routing locally, counts what it cannot forward, and
@@ -61,10 +62,13 @@ SID_INTEREST, SID_PING = b"interest", b"ping"
 # published to it until its next full set): a flood of them must never
 # hold memory or the reader.
 INTEREST_BACKLOG = 256
-# Queries from other brokers waiting to be answered (one per turn, by a task
-# of their own: an answer reads the store, milliseconds each).  Past it a
-# query is answered empty at once and counted (queries_refused).
+# Queries from other brokers waiting to be answered (an answer reads the
+# store: milliseconds each).  Past it a query is answered empty at once and
+# counted (queries_refused).
 QUERY_BACKLOG = 32
+# Queries answered per read from NATS at most (the rest wait for the next
+# reads): a flood of queries costs each read a bounded amount of work.
+QUERY_BURST = 4
 # Seconds between two log lines about malformed messages from NATS: anyone
 # who can publish on the cluster's subjects can send them at will, so the
 # log gets the first of each interval and the counter gets every one.
@@ -280,23 +284,12 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                 await trio.sleep(0)
 
     queries: deque[nats.Msg] = deque()
-    asked = trio.Event()
-
-    async def answer_queries() -> None:
-        nonlocal asked
-        while True:
-            await asked.wait()
-            asked = trio.Event()
-            while queries:
-                state.answer(_local_query(ctx), queries.popleft())
-                await trio.sleep(0)
 
     def query_arrived(msg: nats.Msg) -> None:
         if len(queries) >= QUERY_BACKLOG:
             state.answer(None, msg, refused=True)
             return
         queries.append(msg)
-        asked.set()
 
     def interest_arrived(msg: nats.Msg) -> None:
         if len(backlog) >= INTEREST_BACKLOG:
@@ -313,7 +306,6 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                                    router=router))
         nursery.start_soon(heartbeat)
         nursery.start_soon(apply_interest)
-        nursery.start_soon(answer_queries)
         while True:
             events = await link.events()
             # Routed like a client's read: one batch, direct writes after it.
@@ -341,6 +333,13 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                         queue.push(nats.PONG)
                     elif isinstance(ev, nats.Err):
                         log.warning("cluster: NATS error: %s", ev.message)
+                # Queries from other brokers: at most QUERY_BURST per read
+                # (each reads the store); the rest wait, bounded, for the
+                # next reads (a heartbeat brings one at least every
+                # heartbeat).  Answered inside the routing slice, as the
+                # store's view must include this batch.
+                for _ in range(min(len(queries), QUERY_BURST)):
+                    state.answer(_local_query(ctx), queries.popleft())
             finally:
                 close_slice(router, writes)
             if router.congested:
