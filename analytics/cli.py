@@ -26,15 +26,14 @@ if __package__ in (None, ""):
     # project importable from its checkout.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import attrs
 
 from analytics.schema import LOG_GLOB
-from broker.runtime.config import LogSection
-from clients import cliutil
+from toolkit import cliutil
 
 PROG = "skan-analytics"
-# The broker's own default, read from its configuration class.
-DEFAULT_LOG_DIR: str = attrs.fields_dict(LogSection)["dir"].default
+# The broker's default [log] dir (broker/serving/config.py LogSection.dir); analytics
+# imports nothing of the broker, tests/architecture/test_imports.py keeps the two equal.
+DEFAULT_LOG_DIR = "var/routing-log"
 DEFAULT_OUT = "skan-report"
 
 

@@ -1,6 +1,6 @@
 """Decoding a run from NATS for routing in one pass (pure: no trio, no I/O).
 
-A run (:mod:`broker.cluster.runs`) is, almost always, one publisher's
+A run (:mod:`broker.cluster.subject_runs`) is, almost always, one publisher's
 consecutive messages on one routing key: what the origin broker routed from
 one read of one connection.  :func:`run_key` decodes such a run and finds
 its one routing key; :meth:`Router.route_run` then routes it with C-level
@@ -20,7 +20,7 @@ from operator import itemgetter
 from typing import Any
 
 from broker.core.router import RouteKey
-from broker.core.session import decode_send
+from broker.core.skan_handler import decode_send
 from wire.errors import ProtocolError
 from wire.skan import decode_header
 

@@ -1,6 +1,6 @@
 """What the rest of the broker holds of the cluster: the link's status and its queries.
 
-The ``cluster`` service (broker/cluster/service.py) drives the NATS
+The ``cluster`` service (broker/cluster/cluster_service.py) drives the NATS
 connection and sets ``ctx.cluster`` to a :class:`ClusterLink`; ``stats``,
 the metrics, Eventer queries and Mariner replay use it.  Kept apart from the
 service so that the broker's shared context can name it without importing
@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from broker.cluster import claims, peers, subjects
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from broker.cluster.backplane import Backplane
 from broker.cluster.peers import Peers, new_boot
 from broker.core.auth import Authenticator, Principal
@@ -90,7 +90,7 @@ class ClusterLink:
               done: Callable[[list[tuple], bool], None],
               principal: Principal | None = None, lname: bytes = b"") -> None:
         """Answer an Eventer query from every broker: ``done(entries, more_follows)``
-        is called once, with entries carrying their server id (broker.cluster.query).
+        is called once, with entries carrying their server id (broker.cluster.cluster_query).
         ``principal`` and ``lname``: the asking client (the other brokers answer
         with what their configuration of its user may read)."""
         own = cq.local_answer(params, local, self.status.server_id)
@@ -106,7 +106,7 @@ class ClusterLink:
 
     async def gather(self, params: Any, local: cq.LocalQuery,
                      principal: Principal | None = None, lname: bytes = b"") -> cq.Gathered:
-        """Every broker's answer to an Eventer query, merged (broker.cluster.query)."""
+        """Every broker's answer to an Eventer query, merged (broker.cluster.cluster_query)."""
         return cq.merge(params, await self._answers(
             params, cq.local_answer(params, local, self.status.server_id),
             _asker(principal, lname)))
@@ -117,7 +117,7 @@ class ClusterLink:
                      lname: bytes = b"") -> AsyncIterator[list[tuple]]:
         """The events of a cluster-wide Mariner replay after ``last`` (whose
         timestamp is ``timestamp``), page by page from every broker, each page
-        in (timestamp, EventId) order, with no cap (broker.cluster.query.ReplayPager).
+        in (timestamp, EventId) order, with no cap (broker.cluster.cluster_query.ReplayPager).
         Ends early, logged, when the paging cannot move on."""
         pager = cq.ReplayPager(patterns, (timestamp, last.server, last.session, last.instance))
         while not pager.done:

@@ -117,7 +117,7 @@ def own_subjects(server_id: int) -> bytes:
 # Every message: a Hat pattern whose first segment is a wildcard may take any group.
 ALL_INTEREST = PREFIX + b">"
 
-# Control subjects (broker/cluster/service.py), one per publishing broker
+# Control subjects (broker/cluster/cluster_service.py), one per publishing broker
 # (``<prefix><server id>``); each broker subscribes to ``<prefix>*``.
 HEARTBEAT = b"skc.hb."
 INTEREST = b"skc.int."

@@ -12,7 +12,7 @@ import pytest
 
 from analytics import cli
 from analytics.render import minute_series, sender_label
-from broker.runtime.config import LogSection
+from broker.serving.config import LogSection
 from tests.clients.scripts import run
 
 # A JVM start takes several seconds: an answer faster than this came before Spark.

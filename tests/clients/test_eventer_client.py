@@ -1,4 +1,4 @@
-"""clients/eventer.py against a running broker (both envelopes), and its error paths."""
+"""toolkit/eventer_client.py against a running broker (both envelopes), and its error paths."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 import trio
 
-from clients.eventer import EventerClient, EventerError, EventerInitError, EventerTimeout
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
+from toolkit.eventer_client import EventerClient, EventerError, EventerInitError, EventerTimeout
 from wire.chatter import Envelope
 from wire.eventer import (
     BinaryPayload,
@@ -104,13 +104,13 @@ async def test_requests_fail_once_the_broker_is_gone():
 
 def cli(b, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "clients.eventer", "--port", str(b.addr["eventer"][1]),
+        [sys.executable, "-m", "clients.eventer_cli", "--port", str(b.addr["eventer"][1]),
          "--token", "t", *args], capture_output=True, text=True, timeout=30)
 
 
 async def test_command_line_register_query_subscribe(tbroker):
     sub = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "clients.eventer", "--port", str(tbroker.addr["eventer"][1]),
+        [sys.executable, "-m", "clients.eventer_cli", "--port", str(tbroker.addr["eventer"][1]),
          "--token", "t", "subscribe", "cli/*"], stdout=subprocess.PIPE)
     try:
         await trio.sleep(1.0)  # let it subscribe
@@ -138,7 +138,7 @@ async def test_command_line_register_query_subscribe(tbroker):
         sub.kill()
         await sub.wait()
     res = await trio.to_thread.run_sync(
-        lambda: subprocess.run([sys.executable, "-m", "clients.eventer", "--port",
+        lambda: subprocess.run([sys.executable, "-m", "clients.eventer_cli", "--port",
                                 str(tbroker.addr["eventer"][1]), "query", "latest"],
                                capture_output=True, text=True, timeout=30))
     assert res.returncode == 1 and "token" in res.stderr

@@ -9,13 +9,13 @@ import signal
 import pytest
 import trio
 
-from clients.mariner import MarinerClient
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
 from tests.cluster.test_interest_nats import wait_known
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER, HAT08_PEER
 from tests.peerproc import PeerProcess as LinePeer
+from toolkit.mariner_client import MarinerClient
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 

@@ -19,14 +19,14 @@ import time
 import pytest
 import trio
 
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from broker.cluster.backplane import HELLO_INTERVAL
-from clients.eventer import EventerClient
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker, send_until_received, wait_cluster
 from tests.cluster.rawnats import RawNats, run
 from tests.hardening.bystander import bystander, load_factor, tracebacks
 from tests.runtime.test_limits import metric_samples, sample
+from toolkit.eventer_client import EventerClient
 from wire import eventer as w
 from wire import nats
 from wire.skan import encode_frame

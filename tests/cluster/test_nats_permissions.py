@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import trio
 
-from clients.eventer import EventerClient
 from clients.skan import SkanClient
 from tests.cluster.natsproc import (
     NatsCluster,
@@ -19,6 +18,7 @@ from tests.cluster.natsproc import (
 )
 from tests.cluster.rawnats import RawNats, run
 from tests.hardening.bystander import tracebacks
+from toolkit.eventer_client import EventerClient
 from wire import eventer as w
 from wire import nats
 from wire.skan import encode_frame

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 
 USER = {"name": "u", "token": "t"}
 
@@ -32,8 +32,14 @@ USER = {"name": "u", "token": "t"}
     ({"skan": {"tls_client_auth": "require"}}, "skan.tls_client_auth", "need tls_ca"),
     ({"skan": {"tls_client_auth": "maybe"}}, "skan.tls_client_auth", "must be one of"),
     ({"hsp": {"tls_ca": "ca.pem"}}, "hsp.tls_ca", "needs tls_cert"),
-    ({"metrics": {"tls_cert": "c", "tls_key": "k", "tls_ca": "ca", "tls_client_auth": "require"}},
-     "metrics.tls_client_auth", "not supported"),
+    ({"metrics": {"tls_cert": "c", "tls_key": "k", "tls_ca": "ca", "tls_client_auth": "optional"}},
+     "metrics.tls_client_auth", "'none' or 'require'"),
+    ({"metrics": {"token": "t", "token_sha256": "a" * 64}}, "metrics.token", "not both"),
+    ({"metrics": {"username": "prom"}}, "metrics.username", "needs password"),
+    ({"metrics": {"password": "pw"}}, "metrics.password", "needs username"),
+    ({"metrics": {"username": "a:b", "password": "pw"}}, "metrics.username", "':'"),
+    ({"metrics": {"password_sha256": "xyz", "username": "u"}}, "metrics.password_sha256",
+     "64 hex digits"),
     ({"bridges": [{"protocol": "hsp", "address": "h:1", "group": "g", "tls_cert": "c"}]},
      "bridges[0].tls_cert", "tls = true"),
 ])

@@ -28,7 +28,7 @@ from wire.skan.codec import Nested, SkanError, decode_header_py
 PURE = codec.PURE_PYTHON
 
 if not PURE:
-    from wire.skan import _speedups
+    from wire.skan import _codec_speedups as _speedups
 
     decode_header_c = _speedups.decode_header
     split_c = _speedups.split
@@ -42,7 +42,7 @@ def test_implementation_matches_the_mode():
         assert framing.split_frames is framing.split
     else:
         assert codec.IMPLEMENTATION == "c", (
-            "wire/skan/_speedups is not built: run `pip install -e .` (or make venv)"
+            "wire/skan/_codec_speedups is not built: run `pip install -e .` (or make venv)"
         )
         assert codec.decode_header is decode_header_c
         assert framing.split_frames is split_c
@@ -260,7 +260,7 @@ LNAME = b"6745a2b1_1f@host"
 
 
 def assert_same_send(data: bytes, lname: bytes | None) -> None:
-    from broker.core.session import decode_send_py
+    from broker.core.skan_handler import decode_send_py
 
     before = _speedups.disagreements()
     c = _outcome(_speedups.decode_send, data, 4, lname)

@@ -5,7 +5,7 @@ One :class:`EventerEndpoint` per client drives the pure
 subscriptions as router patterns, MsgRegisterReq turned into Skan sends,
 queries answered from the retained messages, notifications grouped per
 routing batch (one Hat session) and paced by MsgEventsAck credit.  The trio
-part is the shared :func:`broker.runtime.transport.serve_protocol` (keep-alive
+part is the shared :func:`broker.serving.transport.serve_protocol` (keep-alive
 included) plus a conversation timer.  The opening is MsgInitReq.
 """
 
@@ -27,18 +27,18 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
-from broker.core.session import InputSlices
+from broker.core.skan_handler import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed
-from broker.protocols.eventer.query import (
+from broker.serving.context import BrokerContext
+from broker.serving.transport import serve_protocol
+from broker.store import Store
+from broker.store.retained_query import (
     Answer,
     LatestTable,
     Visible,
     run_query,
     run_store_query,
 )
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
-from broker.store import Store
 from wire import eventer as w
 from wire.errors import ProtocolError
 

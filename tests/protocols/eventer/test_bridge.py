@@ -10,11 +10,11 @@ import pytest
 import trio
 import trustme
 
-from clients.eventer import EventerClient
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER
+from toolkit.eventer_client import EventerClient
 from wire.eventer import Status
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
