@@ -381,7 +381,8 @@ class EventerEndpoint(QueuedEndpoint):
         cluster = svc.ctx.cluster
         if cluster is not None and cluster.up():
             # BROKER-SPEC 8: every broker's events, merged; answered when gathered.
-            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible))
+            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible),
+                          self.principal, self.lname)
             return
         answer = svc.query(req.params, visible)
         self._answer(req.conv, None, answer.entries, answer.more_follows)
