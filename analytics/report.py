@@ -12,12 +12,14 @@ Computes, with Spark, over every finished log file:
 
 then prints readable tables, writes one PNG chart per view (matplotlib, Agg)
 and one self-contained HTML page with the charts embedded
-(:mod:`analytics.render`).  The parsed log is cached once and every
-view is a small aggregation over it, so the JSON is parsed a single time.
+(:mod:`analytics.render`).  The log is read in two passes at most (see
+:func:`compute`): Parquet column by column, JSON Lines parsed once and cached
+for the second pass.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from collections.abc import Callable
@@ -27,15 +29,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from analytics import logfiles
 from analytics.model import Report, Table
-from analytics.schema import (
-    cluster_wide,
-    is_message,
-    message_bytes,
-    message_count,
-    read_log,
-    undeliverable_count,
-)
+from analytics.schema import CLUSTER_PROTO, cluster_wide, is_message, read_log
 
 DEFAULT_TOP = 10
 # Fan-out buckets: (label, lowest, highest) copies per message.
@@ -44,15 +40,6 @@ FANOUT_BUCKETS = (
     ("11-50", 11, 50), ("51-100", 51, 100), ("101-1000", 101, 1000),
     (">1000", 1001, None),
 )
-
-
-def _traffic(df: DataFrame, *keys: str) -> DataFrame:
-    return df.groupBy(*keys).agg(
-        message_count().alias("messages"),
-        message_bytes().alias("bytes"),
-        F.sum("delivered").alias("deliveries"),
-        undeliverable_count().alias("undeliverable"),
-    )
 
 
 def _rows(df: DataFrame, columns: list[str]) -> list[list[Any]]:
@@ -71,34 +58,142 @@ def _silent(line: str) -> None:
     pass
 
 
+# How the views are computed, in two passes over the log at most:
+#
+# 1. one aggregation of the records by (group, sender, copies, minute): a row
+#    per combination, typically thousands for millions of records (at worst
+#    one per record); every view except the delivered-per-protocol one is a
+#    sum over these rows;
+# 2. the recipients maps, exploded and summed per protocol (a map is not a
+#    grouping key Spark hashes cheaply, so it is not part of pass 1).
+#
+# The views are then GROUPING SETS over the pass-1 rows (one small job,
+# cached: every view reads it).  Each set's id is grouping_id() over KEYS:
+# bit i set = KEYS[i] not grouped (KEYS in the order the sets first name
+# them, as Spark requires).
+KEYS = ("group", "lname", "proto", "user", "copies", "minute")
+SETS = {
+    "group": ("group",),
+    "sender": ("lname", "proto", "user"),
+    "copies": ("copies",),
+    "minute": ("minute",),
+}
+MINUTE_US = 60_000_000
+
+
+def _gid(keys: tuple[str, ...]) -> int:
+    return sum(1 << (len(KEYS) - 1 - i) for i, k in enumerate(KEYS) if k not in keys)
+
+
+def fine(log: DataFrame) -> DataFrame:
+    """Pass 1: the records summed per (group, sender, copies, minute)."""
+    msg = is_message()
+    return log.groupBy(
+        "group", "lname", "proto", "user", "copies",
+        # A minute number (integer division is cheaper than date_trunc per record).
+        F.floor(F.col("time_us") / MINUTE_US).alias("minute"),
+    ).agg(
+        F.sum(msg).alias("messages"),
+        F.sum(msg * F.col("size")).alias("bytes"),
+        F.sum("delivered").alias("deliveries"),
+        F.sum((F.col("undeliverable") & (msg == 1)).cast("long")).alias("undeliverable"),
+        F.count(F.lit(1)).alias("records"),
+        F.min("time_us").alias("first_us"),
+        F.max("time_us").alias("last_us"),
+    )
+
+
+def aggregate(rows: DataFrame) -> DataFrame:
+    """Every view's grouping over the pass-1 rows: a row per set and key, with
+    ``gid`` naming the set (see SETS)."""
+    view = f"skan_report_{id(rows)}"
+    rows.createOrReplaceTempView(view)
+    sets = ", ".join("(" + ", ".join(f"`{k}`" for k in keys) + ")" for keys in SETS.values())
+    cols = ", ".join(f"`{k}`" for k in KEYS)
+    sums = ", ".join(f"SUM({c}) AS {c}" for c in ("messages", "bytes", "deliveries",
+                                                   "undeliverable", "records"))
+    try:
+        return rows.sparkSession.sql(
+            f"SELECT grouping_id({cols}) AS gid, {cols}, {sums}, "
+            "MIN(first_us) AS first_us, MAX(last_us) AS last_us "
+            f"FROM {view} GROUP BY GROUPING SETS ({sets})")
+    finally:
+        rows.sparkSession.catalog.dropTempView(view)
+
+
+def delivered_per_protocol(log: DataFrame) -> dict[str, list[int]]:
+    """Pass 2: {protocol: [copies delivered to its clients, their bytes]}."""
+    rows = (log.select(F.explode("recipients").alias("protocol", "copies"), "size")
+            .groupBy("protocol").agg(F.sum("copies").alias("deliveries"),
+                                     F.sum(F.col("copies") * F.col("size")).alias("bytes_out"))
+            .collect())
+    return {r["protocol"]: [r["deliveries"], r["bytes_out"]] for r in rows}
+
+
+def _minute(number: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1) + dt.timedelta(minutes=number)
+
+
+def _time(us: int | None) -> dt.datetime | None:
+    return None if us is None else dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us)
+
+
 def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TOP,
-            progress: Callable[[str], None] = _silent) -> Report:
+            progress: Callable[[str], None] = _silent,
+            inventory: logfiles.Inventory | None = None) -> Report:
     """Run every aggregation; returns plain Python tables.  ``progress`` hears each step.
 
     Several log directories (a cluster's brokers): each message counts once,
-    deliveries add up over the brokers (see analytics.schema.cluster_wide).
+    deliveries add up over the brokers (see analytics.schema.cluster_wide);
+    that costs a shuffle of the whole log, so it runs only when the file
+    names show more than one broker (or cannot be listed).
+
+    Parquet is read column by column, so each pass reads only its columns
+    and nothing is cached; JSON Lines must be parsed whole, so when there are
+    JSONL files the parsed records are cached once for both passes.
     """
-    log = cluster_wide(read_log(spark, log_dir)).select(
-        "time", "lname", "proto", "user", "group", "size", "recipients", "delivered",
-        "undeliverable", "copies",
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    paths = [log_dir] if isinstance(log_dir, str) else list(log_dir)
+    inv = inventory if inventory is not None else logfiles.scan(paths)
+    notes = []
+    left_out = logfiles.left_out_note(inv)
+    if left_out:
+        notes.append(left_out)
+    if not inv.remote:
+        read = ", ".join(f"{inv.files[f]} {f}" for f in inv.formats())
+        how = ("one broker" if inv.single_broker()
+               else f"{len(inv.servers)} brokers: each message counted once")
+        progress(f"report: files: {read or 'none'} ({how})")
+    log = cluster_wide(read_log(spark, paths, inv), single_broker=inv.single_broker())
+    cached = None
+    if inv.remote or inv.files["jsonl"]:
+        cached = log = log.select("time_us", "group", "lname", "proto", "user", "copies",
+                                  "size", "delivered", "undeliverable", "recipients") \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+    agg = aggregate(fine(log)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        t = log.agg(
-            message_count().alias("messages"),
-            message_bytes().alias("bytes"),
-            F.sum("delivered").alias("deliveries"),
-            undeliverable_count().alias("undeliverable"),
-            F.countDistinct("group").alias("groups"),
-            F.countDistinct("lname").alias("senders"),
-            F.min("time").alias("first"),
-            F.max("time").alias("last"),
-        ).collect()[0].asDict()
-        totals = {k: (v if v is not None else 0) for k, v in t.items()}
-        progress(f"report: {totals['messages']:,} records read; aggregating")
-        totals["first"], totals["last"] = t["first"], t["last"]
+        def of(name: str) -> DataFrame:
+            return agg.where(F.col("gid") == _gid(SETS[name]))
+
+        minutes = of("minute").orderBy("minute").collect()
+        totals: dict[str, Any] = {
+            k: sum(r[k] or 0 for r in minutes)
+            for k in ("messages", "bytes", "deliveries", "undeliverable", "records")}
+        progress(f"report: {totals['records']:,} records read; aggregating")
+        received = delivered_per_protocol(log)
+        if cached is not None:
+            cached.unpersist()  # both passes done: the parsed records are not read again
+            cached = None
+        groups = of("group")
+        senders = of("sender")
+        counts = agg.agg(
+            F.sum((F.col("gid") == _gid(SETS["group"])).cast("long")).alias("groups"),
+            F.countDistinct(F.when(F.col("gid") == _gid(SETS["sender"]), F.col("lname")))
+            .alias("senders")).collect()[0]
+        totals["groups"], totals["senders"] = counts["groups"] or 0, counts["senders"] or 0
+        totals["first"] = _time(min((r["first_us"] for r in minutes), default=None))
+        totals["last"] = _time(max((r["last_us"] for r in minutes), default=None))
         tables: dict[str, Table] = {}
 
-        groups = _traffic(log, "group")
         gcols = ["group", "messages", "bytes", "deliveries", "undeliverable"]
         tables["groups_by_messages"] = Table(
             f"Top {top} groups by messages", gcols,
@@ -107,41 +202,35 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
             f"Top {top} groups by bytes", gcols,
             _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
 
-        senders = _traffic(log.where(is_message() == 1), "lname", "proto", "user")
+        # A sender's records forwarded by other brokers (proto "cluster") are not its messages.
+        origin = senders.where(F.col("proto") != CLUSTER_PROTO)
         scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
         tables["top_senders"] = Table(
             f"Top {top} senders by messages", scols,
-            _rows(senders.orderBy(F.desc("messages"), "lname").limit(top), scols))
+            _rows(origin.orderBy(F.desc("messages"), "lname").limit(top), scols))
 
-        fan = {row["copies"]: row["count"] for row in
-               log.where(is_message() == 1).groupBy("copies").count().collect()}
+        fan = {r["copies"]: r["messages"] for r in
+               of("copies").where(F.col("copies").isNotNull()).collect()}
         tables["fanout"] = Table("Fan-out: copies delivered per message",
                                  ["copies", "messages"], fanout_buckets(fan))
 
-        sent = {row["proto"]: row for row in
-                _traffic(log.where(is_message() == 1), "proto").collect()}
-        received = {
-            row["protocol"]: row for row in
-            log.select(F.explode("recipients").alias("protocol", "copies"), "size")
-            .groupBy("protocol").agg(F.sum("copies").alias("deliveries"),
-                                     F.sum(F.col("copies") * F.col("size")).alias("bytes_out"))
-            .collect()
-        }
+        sent = {r["proto"]: r for r in origin.groupBy("proto").agg(
+            *(F.sum(c).alias(c) for c in ("messages", "bytes", "undeliverable"))).collect()}
         mix = []
         for proto in sorted(set(sent) | set(received)):
-            s, r = sent.get(proto), received.get(proto)
+            s, rc = sent.get(proto), received.get(proto)
             mix.append([proto, s["messages"] if s else 0, s["bytes"] if s else 0,
-                        s["undeliverable"] if s else 0, r["deliveries"] if r else 0,
-                        r["bytes_out"] if r else 0])
+                        s["undeliverable"] if s else 0, rc[0] if rc else 0,
+                        rc[1] if rc else 0])
         tables["protocols"] = Table(
             "Protocol mix (sent by clients of the protocol / delivered to them)",
             ["protocol", "messages_in", "bytes_in", "undeliverable", "deliveries_out",
              "bytes_out"], mix)
 
-        minutes = _traffic(log.withColumn("minute", F.date_trunc("minute", "time")), "minute")
         mcols = ["minute", "messages", "bytes", "deliveries", "undeliverable"]
         tables["per_minute"] = Table("Traffic per minute (UTC)", mcols,
-                                     _rows(minutes.orderBy("minute"), mcols))
+                                     [[_minute(r["minute"])] + [r[c] for c in mcols[1:]]
+                                      for r in minutes])
 
         undeliv = groups.where(F.col("undeliverable") > 0).withColumn(
             "rate", F.col("undeliverable") / F.col("messages"))
@@ -150,18 +239,21 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
             f"Top {top} groups by undeliverable messages", ucols,
             _rows(undeliv.orderBy(F.desc("undeliverable"), "group").limit(top), ucols))
     finally:
-        log.unpersist()
+        agg.unpersist()
+        if cached is not None:
+            cached.unpersist()
     shown = log_dir if isinstance(log_dir, str) else ", ".join(log_dir)
-    return Report(log_dir=shown, totals=totals, tables=tables)
+    return Report(log_dir=shown, totals=totals, tables=tables, notes=notes)
 
 
 def run(spark: SparkSession, log_dir: str | list[str], out_dir: str, *,
         top: int = DEFAULT_TOP, quiet: bool = False,
-        progress: Callable[[str], None] = _silent) -> Report:
+        progress: Callable[[str], None] = _silent,
+        inventory: logfiles.Inventory | None = None) -> Report:
     """Compute the report, print it (unless ``quiet``), write PNGs, HTML and JSON."""
     from analytics import render
 
-    report = compute(spark, log_dir, top, progress)
+    report = compute(spark, log_dir, top, progress, inventory)
     progress(f"report: writing charts and HTML to {out_dir}")
     os.makedirs(out_dir, exist_ok=True)
     report.charts = render.write_charts(report, out_dir)
