@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from analytics import logfiles
@@ -58,26 +58,31 @@ def _silent(line: str) -> None:
     pass
 
 
-# How the views are computed, in two passes over the log at most:
+# How the views are computed, in two passes over the log at most and two
+# Spark jobs, whatever the number of views (each job costs scheduling time):
 #
 # 1. one aggregation of the records by (group, sender, copies, minute): a row
 #    per combination, typically thousands for millions of records (at worst
-#    one per record); every view except the delivered-per-protocol one is a
-#    sum over these rows;
+#    one per record); then GROUPING SETS over those rows give every view
+#    but one (a row per set and key), and a rank per set keeps only what the
+#    report shows (the top rows of the group and sender sets, each row of
+#    the small sets): that, and a row count per set, is what is collected;
 # 2. the recipients maps, exploded and summed per protocol (a map is not a
 #    grouping key Spark hashes cheaply, so it is not part of pass 1).
 #
-# The views are then GROUPING SETS over the pass-1 rows (one small job,
-# cached: every view reads it).  Each set's id is grouping_id() over KEYS:
-# bit i set = KEYS[i] not grouped (KEYS in the order the sets first name
-# them, as Spark requires).
+# Each set's id is grouping_id() over KEYS: bit i set = KEYS[i] not grouped
+# (KEYS in the order the sets first name them, as Spark requires).
 KEYS = ("group", "lname", "proto", "user", "copies", "minute")
 SETS = {
     "group": ("group",),
     "sender": ("lname", "proto", "user"),
     "copies": ("copies",),
     "minute": ("minute",),
+    "proto": ("proto",),
+    "lname": ("lname",),
 }
+# Sets collected whole: a row per fan-out value, minute or protocol.
+WHOLE = ("copies", "minute", "proto")
 MINUTE_US = 60_000_000
 
 
@@ -119,6 +124,23 @@ def aggregate(rows: DataFrame) -> DataFrame:
             f"FROM {view} GROUP BY GROUPING SETS ({sets})")
     finally:
         rows.sparkSession.catalog.dropTempView(view)
+
+
+def shown(agg: DataFrame, top: int) -> DataFrame:
+    """The rows of ``agg`` the report shows, each with ``n``, its set's row count."""
+    by_set = Window.partitionBy("gid")
+    key = [F.col(k).asc_nulls_first() for k in ("group", "lname", "proto", "user")]
+    # Records another broker forwarded (proto "cluster") rank after every sender.
+    forwarded = (F.col("proto") == CLUSTER_PROTO).cast("int").asc_nulls_first()
+    rank_m = F.row_number().over(by_set.orderBy(forwarded, F.desc("messages"), *key))
+    rank_b = F.row_number().over(by_set.orderBy(F.desc("bytes"), *key))
+    rank_u = F.row_number().over(by_set.orderBy(F.desc("undeliverable"), *key))
+    whole = F.col("gid").isin([_gid(SETS[name]) for name in WHOLE])
+    return (agg.withColumn("n", F.count(F.lit(1)).over(by_set))
+            .withColumn("rank_m", rank_m).withColumn("rank_b", rank_b)
+            .withColumn("rank_u", rank_u)
+            .where(whole | (F.col("rank_m") <= top) | (F.col("rank_b") <= top)
+                   | ((F.col("rank_u") <= top) & (F.col("undeliverable") > 0))))
 
 
 def delivered_per_protocol(log: DataFrame) -> dict[str, list[int]]:
@@ -169,81 +191,68 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
         cached = log = log.select("time_us", "group", "lname", "proto", "user", "copies",
                                   "size", "delivered", "undeliverable", "recipients") \
             .persist(StorageLevel.MEMORY_AND_DISK)
-    agg = aggregate(fine(log)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        def of(name: str) -> DataFrame:
-            return agg.where(F.col("gid") == _gid(SETS[name]))
-
-        minutes = of("minute").orderBy("minute").collect()
-        totals: dict[str, Any] = {
-            k: sum(r[k] or 0 for r in minutes)
-            for k in ("messages", "bytes", "deliveries", "undeliverable", "records")}
-        progress(f"report: {totals['records']:,} records read; aggregating")
+        rows = shown(aggregate(fine(log)), top).collect()
+        records = sum(r["records"] for r in rows if r["gid"] == _gid(SETS["minute"]))
+        progress(f"report: {records:,} records read; aggregating")
         received = delivered_per_protocol(log)
-        if cached is not None:
-            cached.unpersist()  # both passes done: the parsed records are not read again
-            cached = None
-        groups = of("group")
-        senders = of("sender")
-        counts = agg.agg(
-            F.sum((F.col("gid") == _gid(SETS["group"])).cast("long")).alias("groups"),
-            F.countDistinct(F.when(F.col("gid") == _gid(SETS["sender"]), F.col("lname")))
-            .alias("senders")).collect()[0]
-        totals["groups"], totals["senders"] = counts["groups"] or 0, counts["senders"] or 0
-        totals["first"] = _time(min((r["first_us"] for r in minutes), default=None))
-        totals["last"] = _time(max((r["last_us"] for r in minutes), default=None))
-        tables: dict[str, Table] = {}
-
-        gcols = ["group", "messages", "bytes", "deliveries", "undeliverable"]
-        tables["groups_by_messages"] = Table(
-            f"Top {top} groups by messages", gcols,
-            _rows(groups.orderBy(F.desc("messages"), "group").limit(top), gcols))
-        tables["groups_by_bytes"] = Table(
-            f"Top {top} groups by bytes", gcols,
-            _rows(groups.orderBy(F.desc("bytes"), "group").limit(top), gcols))
-
-        # A sender's records forwarded by other brokers (proto "cluster") are not its messages.
-        origin = senders.where(F.col("proto") != CLUSTER_PROTO)
-        scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
-        tables["top_senders"] = Table(
-            f"Top {top} senders by messages", scols,
-            _rows(origin.orderBy(F.desc("messages"), "lname").limit(top), scols))
-
-        fan = {r["copies"]: r["messages"] for r in
-               of("copies").where(F.col("copies").isNotNull()).collect()}
-        tables["fanout"] = Table("Fan-out: copies delivered per message",
-                                 ["copies", "messages"], fanout_buckets(fan))
-
-        sent = {r["proto"]: r for r in origin.groupBy("proto").agg(
-            *(F.sum(c).alias(c) for c in ("messages", "bytes", "undeliverable"))).collect()}
-        mix = []
-        for proto in sorted(set(sent) | set(received)):
-            s, rc = sent.get(proto), received.get(proto)
-            mix.append([proto, s["messages"] if s else 0, s["bytes"] if s else 0,
-                        s["undeliverable"] if s else 0, rc[0] if rc else 0,
-                        rc[1] if rc else 0])
-        tables["protocols"] = Table(
-            "Protocol mix (sent by clients of the protocol / delivered to them)",
-            ["protocol", "messages_in", "bytes_in", "undeliverable", "deliveries_out",
-             "bytes_out"], mix)
-
-        mcols = ["minute", "messages", "bytes", "deliveries", "undeliverable"]
-        tables["per_minute"] = Table("Traffic per minute (UTC)", mcols,
-                                     [[_minute(r["minute"])] + [r[c] for c in mcols[1:]]
-                                      for r in minutes])
-
-        undeliv = groups.where(F.col("undeliverable") > 0).withColumn(
-            "rate", F.col("undeliverable") / F.col("messages"))
-        ucols = ["group", "undeliverable", "messages", "rate"]
-        tables["undeliverable"] = Table(
-            f"Top {top} groups by undeliverable messages", ucols,
-            _rows(undeliv.orderBy(F.desc("undeliverable"), "group").limit(top), ucols))
     finally:
-        agg.unpersist()
         if cached is not None:
             cached.unpersist()
-    shown = log_dir if isinstance(log_dir, str) else ", ".join(log_dir)
-    return Report(log_dir=shown, totals=totals, tables=tables, notes=notes)
+    sets: dict[str, list[Any]] = {name: [] for name in SETS}
+    names = {_gid(keys): name for name, keys in SETS.items()}
+    for r in rows:
+        sets[names[r["gid"]]].append(r)
+    minutes = sorted(sets["minute"], key=lambda r: r["minute"])
+    totals: dict[str, Any] = {
+        k: sum(r[k] or 0 for r in minutes)
+        for k in ("messages", "bytes", "deliveries", "undeliverable", "records")}
+    totals["groups"] = sets["group"][0]["n"] if sets["group"] else 0
+    totals["senders"] = sets["lname"][0]["n"] if sets["lname"] else 0
+    totals["first"] = _time(min((r["first_us"] for r in minutes), default=None))
+    totals["last"] = _time(max((r["last_us"] for r in minutes), default=None))
+    tables: dict[str, Table] = {}
+
+    def ranked(name: str, rank: str) -> list[Any]:
+        return sorted((r for r in sets[name] if r[rank] <= top), key=lambda r: r[rank])
+
+    gcols = ["group", "messages", "bytes", "deliveries", "undeliverable"]
+    tables["groups_by_messages"] = Table(
+        f"Top {top} groups by messages", gcols,
+        [[r[c] for c in gcols] for r in ranked("group", "rank_m")])
+    tables["groups_by_bytes"] = Table(
+        f"Top {top} groups by bytes", gcols,
+        [[r[c] for c in gcols] for r in ranked("group", "rank_b")])
+    # A sender's records forwarded by other brokers (proto "cluster") are not its messages.
+    scols = ["lname", "proto", "user", "messages", "bytes", "deliveries"]
+    tables["top_senders"] = Table(
+        f"Top {top} senders by messages", scols,
+        [[r[c] for c in scols] for r in ranked("sender", "rank_m")
+         if r["proto"] != CLUSTER_PROTO])
+    fan = {r["copies"]: r["messages"] for r in sets["copies"] if r["copies"] is not None}
+    tables["fanout"] = Table("Fan-out: copies delivered per message",
+                             ["copies", "messages"], fanout_buckets(fan))
+    sent = {r["proto"]: r for r in sets["proto"] if r["proto"] != CLUSTER_PROTO}
+    mix = []
+    for proto in sorted(set(sent) | set(received)):
+        s, rc = sent.get(proto), received.get(proto)
+        mix.append([proto, s["messages"] if s else 0, s["bytes"] if s else 0,
+                    s["undeliverable"] if s else 0, rc[0] if rc else 0, rc[1] if rc else 0])
+    tables["protocols"] = Table(
+        "Protocol mix (sent by clients of the protocol / delivered to them)",
+        ["protocol", "messages_in", "bytes_in", "undeliverable", "deliveries_out",
+         "bytes_out"], mix)
+    mcols = ["minute", "messages", "bytes", "deliveries", "undeliverable"]
+    tables["per_minute"] = Table("Traffic per minute (UTC)", mcols,
+                                 [[_minute(r["minute"])] + [r[c] for c in mcols[1:]]
+                                  for r in minutes])
+    ucols = ["group", "undeliverable", "messages", "rate"]
+    tables["undeliverable"] = Table(
+        f"Top {top} groups by undeliverable messages", ucols,
+        [[r["group"], r["undeliverable"], r["messages"], r["undeliverable"] / r["messages"]]
+         for r in ranked("group", "rank_u") if r["undeliverable"] > 0])
+    where = log_dir if isinstance(log_dir, str) else ", ".join(log_dir)
+    return Report(log_dir=where, totals=totals, tables=tables, notes=notes)
 
 
 def run(spark: SparkSession, log_dir: str | list[str], out_dir: str, *,

@@ -202,7 +202,8 @@ def generate(directory: str, records: int, *, jsonl: bool = True,
                         jfile.close()
                     jcount += 1
                     first = int(blob[pos + 11: blob.index(b",", pos)])
-                    jfile = open(os.path.join(directory, "jsonl",
+                    # Open across chunks (a file spans several): closed on rotation.
+                    jfile = open(os.path.join(directory, "jsonl",  # noqa: SIM115
                                               _name(first, jcount, ".jsonl")), "wb")
                     jbytes = 0
                 end = min(len(blob), pos + JSONL_ROTATE_BYTES - jbytes)
