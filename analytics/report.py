@@ -12,9 +12,8 @@ Computes, with Spark, over every finished log file:
 
 then prints readable tables, writes one PNG chart per view (matplotlib, Agg)
 and one self-contained HTML page with the charts embedded
-(:mod:`analytics.render`).  The log is read in two passes at most (see
-:func:`compute`): Parquet column by column, JSON Lines parsed once and cached
-for the second pass.
+(:mod:`analytics.render`).  The log is read once (see :func:`compute`):
+Parquet column by column, JSON Lines parsed once.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -67,8 +65,10 @@ def _silent(line: str) -> None:
 #    but one (a row per set and key), and a rank per set keeps only what the
 #    report shows (the top rows of the group and sender sets, each row of
 #    the small sets): that, and a row count per set, is what is collected;
-# 2. the recipients maps, exploded and summed per protocol (a map is not a
-#    grouping key Spark hashes cheaply, so it is not part of pass 1).
+# 2. only when a recipients map names a protocol outside KNOWN_PROTOCOLS
+#    (pass 1 sums the copies delivered to each known protocol and counts
+#    the other entries): the recipients maps, exploded and summed per
+#    protocol (a map is not a grouping key Spark hashes cheaply).
 #
 # Each set's id is grouping_id() over KEYS: bit i set = KEYS[i] not grouped
 # (KEYS in the order the sets first name them, as Spark requires).
@@ -84,6 +84,11 @@ SETS = {
 # Sets collected whole: a row per fan-out value, minute or protocol.
 WHOLE = ("copies", "minute", "proto")
 MINUTE_US = 60_000_000
+# Recipient protocols summed in pass 1 (the broker's client protocols and its
+# cluster backplane): a log whose recipients name only these needs no pass 2.
+# Any other name is counted in pass 1 ("unknown") and then pass 2 runs: the
+# list is a shortcut, never a limit.
+KNOWN_PROTOCOLS = ("skan", "hsp", "eventer", "mariner", "cluster")
 
 
 def _gid(keys: tuple[str, ...]) -> int:
@@ -91,8 +96,16 @@ def _gid(keys: tuple[str, ...]) -> int:
 
 
 def fine(log: DataFrame) -> DataFrame:
-    """Pass 1: the records summed per (group, sender, copies, minute)."""
+    """Pass 1: the records summed per (group, sender, copies, minute).
+
+    Also the copies (and their bytes) delivered to each protocol of
+    KNOWN_PROTOCOLS, and ``unknown``: recipients entries of any other
+    protocol (then pass 2 is needed).
+    """
     msg = is_message()
+    rcpt = {p: F.coalesce(F.col("recipients")[p], F.lit(0).cast("long")) for p in KNOWN_PROTOCOLS}
+    known_entries = sum((F.col("recipients")[p].isNotNull().cast("int") for p in KNOWN_PROTOCOLS),
+                        F.lit(0))
     return log.groupBy(
         "group", "lname", "proto", "user", "copies",
         # A minute number (integer division is cheaper than date_trunc per record).
@@ -105,6 +118,9 @@ def fine(log: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("records"),
         F.min("time_us").alias("first_us"),
         F.max("time_us").alias("last_us"),
+        *(F.sum(c).alias(f"to_{p}") for p, c in rcpt.items()),
+        *(F.sum(c * F.col("size")).alias(f"to_{p}_bytes") for p, c in rcpt.items()),
+        F.sum(F.coalesce(F.size("recipients"), F.lit(0)) - known_entries).alias("unknown"),
     )
 
 
@@ -115,8 +131,9 @@ def aggregate(rows: DataFrame) -> DataFrame:
     rows.createOrReplaceTempView(view)
     sets = ", ".join("(" + ", ".join(f"`{k}`" for k in keys) + ")" for keys in SETS.values())
     cols = ", ".join(f"`{k}`" for k in KEYS)
-    sums = ", ".join(f"SUM({c}) AS {c}" for c in ("messages", "bytes", "deliveries",
-                                                   "undeliverable", "records"))
+    sums = ", ".join(f"SUM({c}) AS {c}" for c in (
+        "messages", "bytes", "deliveries", "undeliverable", "records", "unknown",
+        *(f"to_{p}" for p in KNOWN_PROTOCOLS), *(f"to_{p}_bytes" for p in KNOWN_PROTOCOLS)))
     try:
         return rows.sparkSession.sql(
             f"SELECT grouping_id({cols}) AS gid, {cols}, {sums}, "
@@ -170,9 +187,9 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
     that costs a shuffle of the whole log, so it runs only when the file
     names show more than one broker (or cannot be listed).
 
-    Parquet is read column by column, so each pass reads only its columns
-    and nothing is cached; JSON Lines must be parsed whole, so when there are
-    JSONL files the parsed records are cached once for both passes.
+    Nothing is cached: pass 1 is the only pass over the log unless a
+    recipients map names a protocol outside KNOWN_PROTOCOLS, and its result
+    is collected once.
     """
     paths = [log_dir] if isinstance(log_dir, str) else list(log_dir)
     inv = inventory if inventory is not None else logfiles.scan(paths)
@@ -186,19 +203,15 @@ def compute(spark: SparkSession, log_dir: str | list[str], top: int = DEFAULT_TO
                else f"{len(inv.servers)} brokers: each message counted once")
         progress(f"report: files: {read or 'none'} ({how})")
     log = cluster_wide(read_log(spark, paths, inv), single_broker=inv.single_broker())
-    cached = None
-    if inv.remote or inv.files["jsonl"]:
-        cached = log = log.select("time_us", "group", "lname", "proto", "user", "copies",
-                                  "size", "delivered", "undeliverable", "recipients") \
-            .persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        rows = shown(aggregate(fine(log)), top).collect()
-        records = sum(r["records"] for r in rows if r["gid"] == _gid(SETS["minute"]))
-        progress(f"report: {records:,} records read; aggregating")
+    rows = shown(aggregate(fine(log)), top).collect()
+    whole = [r for r in rows if r["gid"] == _gid(SETS["minute"])]
+    progress(f"report: {sum(r['records'] for r in whole):,} records read; aggregating")
+    if any(r["unknown"] for r in whole):
         received = delivered_per_protocol(log)
-    finally:
-        if cached is not None:
-            cached.unpersist()
+    else:
+        received = {p: [sum(r[f"to_{p}"] for r in whole),
+                        sum(r[f"to_{p}_bytes"] for r in whole)] for p in KNOWN_PROTOCOLS}
+        received = {p: v for p, v in received.items() if v[0]}
     sets: dict[str, list[Any]] = {name: [] for name in SETS}
     names = {_gid(keys): name for name, keys in SETS.items()}
     for r in rows:

@@ -115,15 +115,19 @@ def test_several_brokers_count_each_message_once(spark, tmp_path):
     forwarded = [{**r, "server": 2, "proto": "cluster", "recipients": {"hsp": 1},
                   "delivered": 1, "undeliverable": False} for r in msgs]
     lonely = record(T0 + 99, "g", seq="99")  # nobody anywhere
-    write_parquet(tmp_path / "b1", [*msgs, lonely])
+    # A recipient protocol the report does not know by name: counted all the same.
+    odd = record(T0 + 200, "g", seq="200", recipients={"mqtt": 2})
+    write_parquet(tmp_path / "b1", [*msgs, lonely, odd])
     write_jsonl(tmp_path / "b2", forwarded)
     dirs = [str(tmp_path / "b1"), str(tmp_path / "b2")]
     inv = logfiles.scan(dirs)
     assert inv.servers == {1, 2} and not inv.single_broker()
     result = report.compute(spark, dirs, inventory=inv)
     t = result.totals
-    assert (t["messages"], t["deliveries"], t["undeliverable"]) == (11, 30, 1)
+    assert (t["messages"], t["deliveries"], t["undeliverable"]) == (12, 32, 1)
     assert dict(result.tables["fanout"].rows)["3-5"] == 10
+    mix = {r[0]: r[4] for r in result.tables["protocols"].rows}
+    assert mix == {"skan": 20, "hsp": 10, "mqtt": 2}
     assert [r[0] for r in result.tables["top_senders"].rows] == ["ab_1@host"]
 
 
