@@ -249,7 +249,7 @@ def test_plain_spark_submit_runs_the_report(phase1, tmp_path):
         [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
          str(ROOT / "analytics" / "cli.py"), "report", "--log-dir", str(log_dir),
          "--out", str(tmp_path / "r")],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     totals = json.loads((tmp_path / "r" / "report.json").read_text())["totals"]
