@@ -1,6 +1,6 @@
 # Every target that needs the project creates .venv when missing and installs
 # the project with its test extras; a stamp file makes re-runs instant.  The
-# install compiles the C hot path (wire/skan/_speedups.c, see setup.py) in
+# install compiles the C hot path (wire/skan/_codec_speedups.c, see setup.py) in
 # place, so a change to it re-runs the install.
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench lint venv clean fuzz
 
-$(STAMP): pyproject.toml setup.py wire/skan/_speedups.c broker/_speedups.c
+$(STAMP): pyproject.toml setup.py wire/skan/_codec_speedups.c broker/_observer_speedups.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[analytics,test]'
@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/skan-broker $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check broker wire clients analytics tests bench
+	$(PY) -m ruff check broker wire toolkit clients analytics tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The long fuzz run (minutes): SKAN_FUZZ_EXAMPLES inputs (default 2000) per
@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check broker wire clients analytics tests bench
+	$(PY) -m ruff check broker wire toolkit clients analytics tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -28,12 +28,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from analytics import logfiles
-from clients import cliutil
+from toolkit import cliutil
 
 PROG = "skan-analytics"
-# The broker's default [log] dir (broker/runtime/config.py LogSection.dir).
-# Written here, not imported: analytics imports nothing of the broker (a
-# Spark driver host needs only this package); a test holds the two equal.
+# The broker's default [log] dir (broker/serving/config.py LogSection.dir); analytics
+# imports nothing of the broker, tests/architecture/test_imports.py keeps the two equal.
 DEFAULT_LOG_DIR = "var/routing-log"
 DEFAULT_OUT = "skan-report"
 LOG_FILES = " or ".join(logfiles.LOG_GLOBS)

@@ -13,7 +13,7 @@ The subscriber must not be the bottleneck: it runs the real Chatter state
 machine (envelope decoding, MsgEventsAck for every notification, so the
 broker's flow control is in the loop) but counts events from the
 MsgEventsNotify array count instead of decoding each event.  ``--decode``
-adds a run with clients/eventer.py decoding every event (the client
+adds a run with toolkit/eventer_client.py decoding every event (the client
 library's own rate, not the broker's).
 """
 
@@ -26,7 +26,7 @@ import time
 import trio
 
 from bench.skan_load import BATCH, PAYLOAD, Broker, raw_connect, send_frame
-from clients.eventer import EventerClient
+from toolkit.eventer_client import EventerClient
 from wire.chatter import ChatterConnection, Envelope
 from wire.chatter import sbs as chatter_sbs
 from wire.eventer import InitReq
@@ -131,7 +131,7 @@ async def run_decoding(broker: Broker, publishers: int, seconds: float) -> None:
             await trio.sleep(seconds)
             e1, t1 = count["events"], time.perf_counter()
             nursery.cancel_scope.cancel()
-    print(f"{publishers} Skan publisher(s) -> clients/eventer.py decoding every event: "
+    print(f"{publishers} Skan publisher(s) -> toolkit/eventer_client.py decoding every event: "
           f"{(e1 - e0) / (t1 - t0):,.0f} events/s", flush=True)
 
 
@@ -152,7 +152,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--publishers", type=int, default=1)
     p.add_argument("--decode", action="store_true",
-                   help="also measure clients/eventer.py decoding every event")
+                   help="also measure toolkit/eventer_client.py decoding every event")
     return p.parse_args()
 
 

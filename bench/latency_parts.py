@@ -51,9 +51,9 @@ def _instrument_and_run_broker(records: str) -> None:
     """Run the broker (its usual command line) with stamps at each step."""
     import re
 
-    import broker.runtime.transport as transport
+    import broker.serving.transport as transport
     import broker.store.store as store_module
-    from broker.runtime.cli import main
+    from broker.app.cli import main
 
     ticks: list[tuple[int, int, int, int, int]] = []
     commits: list[tuple[int, int]] = []

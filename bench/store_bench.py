@@ -35,8 +35,8 @@ from bench.onoff import compare
 from bench.skan_load import PAYLOAD, Broker, throughput
 from broker.core import events
 from broker.core.router import Endpoint, Router
-from broker.protocols.eventer.query import run_store_query
 from broker.store import Store
+from broker.store.retained_query import run_store_query
 from wire import eventer as w
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 import sys
 
-from broker.runtime.cli import main
+from broker.app.cli import main
 
 sys.exit(main())

@@ -3,7 +3,7 @@
 Out: the backplane observes every routing batch.  The messages that entered
 this broker (their sender is not the backplane) are published on their
 subjects (:mod:`broker.cluster.subjects`), byte-identical, in *runs*
-(:mod:`broker.cluster.runs`): the consecutive messages of a batch that
+(:mod:`broker.cluster.subject_runs`): the consecutive messages of a batch that
 share a subject travel as one NATS message.  So NATS, and the parsing on both brokers, pay their
 per-message cost once per run, not once per Skan message; a lone message is
 a run of one.  The whole batch goes to NATS in one write.  Even a message
@@ -45,8 +45,9 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import inbound, interest, runs, subjects
-from broker.cluster.runs import (
+from broker.cluster import inbound, interest, subjects
+from broker.cluster import subject_runs as runs
+from broker.cluster.subject_runs import (
     HEADER_ROOM,
     RUN_BYTES,
     STAMP,

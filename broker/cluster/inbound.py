@@ -1,6 +1,6 @@
 """Decoding a run from NATS for routing in one pass (pure: no trio, no I/O).
 
-A run (:mod:`broker.cluster.runs`) is, almost always, one publisher's
+A run (:mod:`broker.cluster.subject_runs`) is, almost always, one publisher's
 consecutive messages on one routing key: what the origin broker routed from
 one read of one connection.  :func:`run_key` decodes such a run and finds
 its one routing key; :meth:`Router.route_run` then routes it with C-level
@@ -9,7 +9,10 @@ passes over its frames and one recipient lookup, instead of one
 Every frame is still decoded and checked (NATS input is untrusted, and the
 subject was only a pre-filter): a run whose frames are not all well-formed
 sends from one lname with one routing key is left to the caller's
-frame-by-frame path, untouched.
+frame-by-frame path, untouched.  So is a run of sends carrying the
+``payload-json`` tag (exact Hat payloads): the decoder gives them no key
+(the Skan session checks the tag off its hot path), and the frame-by-frame
+path routes them with the same frames and EventIds.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from broker.core.router import RouteKey
-from broker.core.session import decode_send
+from broker.core.skan_handler import decode_send
 from wire.errors import ProtocolError
 from wire.skan import decode_header
 

@@ -1,6 +1,6 @@
 """What the rest of the broker holds of the cluster: the link's status and its queries.
 
-The ``cluster`` service (broker/cluster/service.py) drives the NATS
+The ``cluster`` service (broker/cluster/cluster_service.py) drives the NATS
 connection and sets ``ctx.cluster`` to a :class:`ClusterLink`; ``stats``,
 the metrics, Eventer queries and Mariner replay use it.  Kept apart from the
 service so that the broker's shared context can name it without importing
@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from broker.cluster.backplane import Backplane
 from broker.core.queue import OutQueue
 from wire import nats
@@ -76,7 +76,7 @@ class ClusterLink:
     def query(self, params: Any, local: cq.LocalQuery,
               done: Callable[[list[tuple], bool], None]) -> None:
         """Answer an Eventer query from every broker: ``done(entries, more_follows)``
-        is called once, with entries carrying their server id (broker.cluster.query)."""
+        is called once, with entries carrying their server id (broker.cluster.cluster_query)."""
         own = cq.local_answer(params, local, self.status.server_id)
         assert self.nursery is not None
         self.nursery.start_soon(self._answer_when_gathered, params, own, done)
@@ -87,7 +87,7 @@ class ClusterLink:
         done(merged.entries, merged.more_follows)
 
     async def gather(self, params: Any, local: cq.LocalQuery) -> cq.Gathered:
-        """Every broker's answer to an Eventer query, merged (broker.cluster.query)."""
+        """Every broker's answer to an Eventer query, merged (broker.cluster.cluster_query)."""
         return await self._gather(params, cq.local_answer(params, local,
                                                           self.status.server_id))
 
@@ -96,7 +96,7 @@ class ClusterLink:
                      local: cq.LocalQuery) -> AsyncIterator[list[tuple]]:
         """The events of a cluster-wide Mariner replay after ``last`` (whose
         timestamp is ``timestamp``), page by page from every broker, each page
-        in (timestamp, EventId) order, with no cap (broker.cluster.query.ReplayPager).
+        in (timestamp, EventId) order, with no cap (broker.cluster.cluster_query.ReplayPager).
         Ends early, logged, when the paging cannot move on."""
         pager = cq.ReplayPager(patterns, (timestamp, last.server, last.session, last.instance))
         while not pager.done:

@@ -1,7 +1,7 @@
 """Per-connection outgoing queue and the queued endpoint base class (pure, no trio).
 
 Routing never awaits: it pushes frames into a bounded :class:`OutQueue`
-and the connection's writer task (see :mod:`broker.runtime.transport`) coalesces
+and the connection's writer task (see :mod:`broker.serving.transport`) coalesces
 everything queued into one ``send_all``.  When a push would exceed the
 queue's byte limit, the slow-consumer policy applies: ``disconnect`` (the
 default) closes that connection, ``drop`` discards the frame; both counted.
@@ -115,7 +115,7 @@ class QueuedEndpoint(Endpoint):
     broker reply looks).  They set ``opened`` once their protocol's opening
     (Skan getlname, Eventer MsgInitReq, ...) is done and say through
     :meth:`partial_bytes` how much of an incomplete frame they hold; the trio
-    layer (:func:`broker.runtime.transport.run_connection`) enforces the
+    layer (:func:`broker.serving.transport.run_connection`) enforces the
     handshake and frame timeouts from those, and sets ``kill`` to a callable
     that tears the connection down.
     """
@@ -147,7 +147,7 @@ class QueuedEndpoint(Endpoint):
     def on_bytes(self, data: bytes) -> bool | None:  # pragma: no cover - interface
         """Handle received bytes.  An endpoint that bounds its work per slice
         returns True when input is left; the transport then calls it again
-        with ``b""`` after a checkpoint (see broker.core.session.InputSlices)."""
+        with ``b""`` after a checkpoint (see broker.core.skan_handler.InputSlices)."""
         raise NotImplementedError
 
     def partial_bytes(self) -> int:

@@ -124,6 +124,11 @@ class Endpoint:
         self.publish_allowed: set[bytes] | None = None
         # Subject CN of a verified TLS client certificate (set by the transport).
         self.cert_name: str | None = None
+        # For the connection listing (set once per connection, never per
+        # message): the peer's "host:port" (the transport, or a bridge's
+        # address) and when Router.attach admitted it (the router's clock).
+        self.remote: str | None = None
+        self.since = 0.0
 
     def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -358,7 +363,7 @@ class Router:
         self._routed_remote = 0  # how many of _routed came from a backplane
         # Set by the transport while a reader routes one slice: parked
         # writers of the slice's recipients register here and are sent to
-        # right after it (broker.runtime.transport.write_loop); None outside.
+        # right after it (broker.serving.transport.write_loop); None outside.
         self.slice_writes: list[Callable[[], None]] | None = None
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
@@ -481,6 +486,7 @@ class Router:
         """Register a new connection; gives it its lname (unique, never reused)."""
         lname = self._new_lname()
         endpoint.lname = lname
+        endpoint.since = self.clock()
         self.endpoints[lname] = endpoint
         acc = self.counters.accepted
         proto = endpoint.protocol
@@ -691,6 +697,59 @@ class Router:
             self._pattern_index(endpoint, pattern, -1)
             for callback in self.interest:
                 callback(pattern, False)
+
+    # ---- read-only views for the connection listing ------------------------
+
+    def subscriptions_of(
+        self, endpoint: Endpoint, limit: int | None = None
+    ) -> list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]]:
+        """What ``endpoint`` subscribes: ``(group, instance, None, subtype)`` for
+        instance subscriptions, ``(first segment, None, pattern, subtype)`` for Hat
+        patterns; at most ``limit`` of them."""
+        out: list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]] = []
+        subs = self._subs
+        for group, instance in self._owned.get(endpoint, ()):
+            if limit is not None and len(out) >= limit:
+                return out
+            out.append((group, instance, None, subs[group][instance][endpoint]))
+        for pattern, subtype in self._patterns.get(endpoint, {}).items():
+            if limit is not None and len(out) >= limit:
+                break
+            out.append((pattern[0] if pattern else b"", None, pattern, subtype))
+        return out
+
+    def group_holders(self, group: bytes) -> set[Endpoint]:
+        """Endpoints whose subscriptions may take messages of ``group``: instance
+        subscriptions on it, and Hat patterns whose first segment is it or a
+        wildcard.  Read from the indexes: no walk over every endpoint."""
+        out: set[Endpoint] = set()
+        for inst_map in self._subs.get(group, {}).values():
+            out.update(inst_map)
+        for holders in (self._pattern_groups.get(group), self._pattern_groups.get(None)):
+            if holders:
+                out.update(holders)
+        return out
+
+    def iter_subscriptions(self, group: bytes | None = None):
+        """Every subscription as ``(endpoint, group, instance, pattern, subtype)``
+        (the shapes of :meth:`subscriptions_of`); with ``group``, only those
+        :meth:`group_holders` would find.  A generator: the caller bounds the walk."""
+        groups = self._subs.items() if group is None else (
+            ((group, self._subs[group]),) if group in self._subs else ())
+        for g, gmap in groups:
+            for instance, inst_map in gmap.items():
+                for ep, subtype in inst_map.items():
+                    yield ep, g, instance, None, subtype
+        if group is None:
+            for ep, pats in self._patterns.items():
+                for pattern, subtype in pats.items():
+                    yield ep, pattern[0] if pattern else b"", None, pattern, subtype
+            return
+        for key in (group, None):
+            for ep in self._pattern_groups.get(key, {}):
+                for pattern, subtype in self._patterns.get(ep, {}).items():
+                    if self._pattern_group(pattern) == key:
+                        yield ep, pattern[0] if pattern else b"", None, pattern, subtype
 
     @property
     def group_count(self) -> int:
@@ -921,6 +980,37 @@ class Router:
         self._routed += routed
         self._routed_remote += n
         return routed
+
+    def new_session(self) -> None:
+        """End the open session, if any, so the next route opens a new one.
+
+        hat-event-server makes each registration request one session (one
+        EventId session, one notification); the Eventer
+        listener calls this around each MsgRegisterReq (BROKER-SPEC 11).
+        """
+        if self._in_batch:
+            self.end_batch()
+
+    def deliver_own(self, sender: Endpoint, routed: list[Routed]) -> None:
+        """Deliver ``routed`` to their own ``sender`` where its subscriptions take them.
+
+        Skan never gives a sender its own message; a Hat client subscribed to
+        the types it registers is notified of them by hat-event-server, so
+        the Eventer listener asks for them here (BROKER-SPEC 11).
+        """
+        got = False
+        c = self.counters
+        for r in routed:
+            if sender in r.recipients and not sender.closed:
+                sender.deliver(r.frame, r)
+                if not r.delivered:
+                    c.undeliverable -= 1  # route() counted it so
+                r.delivered += 1
+                c.msgs_out += 1
+                c.bytes_out += len(r.frame)
+                got = True
+        if got and sender.batched:
+            self._dirty.append(sender)
 
     def hand_over(self) -> None:
         """Give the observers what the current batch has routed so far.

@@ -5,7 +5,7 @@ Layout (docs/store.md has the full description):
 - ``meta(key, value)``: the marker (``magic``), ``schema_version``, the
   session ceiling and the running totals of the events table;
 - ``runs``: the retained routed messages, consecutive messages of one
-  type and one session in one row (broker/store/runs.py), in routing
+  type and one session in one row (broker/store/batch_rows.py), in routing
   (= EventId) order; indexed by EventId, by first and by last timestamp
   (alone and after the group, with the instance last so that a query for
   some types of a group filters on the index) and by source timestamp;

@@ -1,7 +1,7 @@
 """A bridge's view of the store: its spool of unacknowledged messages and its resume point.
 
 A bridge is known in the store by its name (``protocol-index-address``, see
-:func:`broker.runtime.bridge.bridge_name`), so its spool is found again
+:func:`broker.serving.bridge_runner.bridge_name`), so its spool is found again
 after a restart as long as its ``[[bridges]]`` entry keeps its place and
 address.  Without a store (``[store] enabled = false``) every method does
 nothing and the buffer lives in memory only.

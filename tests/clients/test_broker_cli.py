@@ -15,7 +15,7 @@ import tomllib
 import attrs
 import pytest
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.clients.scripts import run
 

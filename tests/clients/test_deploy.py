@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 from tests.brokerproc import ROOT
 from tests.clients.scripts import run
 

@@ -1,4 +1,4 @@
-"""clients/eventer.py against a running broker (both envelopes), and its error paths."""
+"""toolkit/eventer_client.py against a running broker (both envelopes), and its error paths."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 import trio
 
-from clients.eventer import EventerClient, EventerError, EventerInitError, EventerTimeout
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
+from toolkit.eventer_client import EventerClient, EventerError, EventerInitError, EventerTimeout
 from wire.chatter import Envelope
 from wire.eventer import (
     BinaryPayload,
@@ -48,7 +48,8 @@ async def test_subscribe_register_query(tbroker, envelope):
         ])
         assert evs is not None and [e.type for e in evs] == [("cl", "a"), ("cl",)]
         assert evs[0].source_timestamp == Timestamp(10, 5)
-        assert evs[0].payload == JsonPayload({"x": ["1", "y"]})
+        assert evs[0].payload == JsonPayload({"x": [1, "y"]})  # exactly as registered
+        assert type(evs[0].payload.data["x"][0]) is int
         batch = await sub.receive()
         assert batch == evs
         await skan.send("cl", "from skan", instance="b/c")
@@ -104,13 +105,13 @@ async def test_requests_fail_once_the_broker_is_gone():
 
 def cli(b, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "clients.eventer", "--port", str(b.addr["eventer"][1]),
+        [sys.executable, "-m", "clients.eventer_cli", "--port", str(b.addr["eventer"][1]),
          "--token", "t", *args], capture_output=True, text=True, timeout=30)
 
 
 async def test_command_line_register_query_subscribe(tbroker):
     sub = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "clients.eventer", "--port", str(tbroker.addr["eventer"][1]),
+        [sys.executable, "-m", "clients.eventer_cli", "--port", str(tbroker.addr["eventer"][1]),
          "--token", "t", "subscribe", "cli/*"], stdout=subprocess.PIPE)
     try:
         await trio.sleep(1.0)  # let it subscribe
@@ -118,7 +119,7 @@ async def test_command_line_register_query_subscribe(tbroker):
             cli, tbroker, "register", "cli/x", "--json", '{"v": 1}', "--source-timestamp", "5")
         assert res.returncode == 0, res.stderr
         created = json.loads(res.stdout)
-        assert created["type"] == ["cli", "x"] and created["payload"] == {"json": {"v": "1"}}
+        assert created["type"] == ["cli", "x"] and created["payload"] == {"json": {"v": 1}}
         assert created["source_timestamp"] == 5.0
         res = await trio.to_thread.run_sync(cli, tbroker, "register", "cli", "--binary",
                                             "raw:00ff")
@@ -138,7 +139,7 @@ async def test_command_line_register_query_subscribe(tbroker):
         sub.kill()
         await sub.wait()
     res = await trio.to_thread.run_sync(
-        lambda: subprocess.run([sys.executable, "-m", "clients.eventer", "--port",
+        lambda: subprocess.run([sys.executable, "-m", "clients.eventer_cli", "--port",
                                 str(tbroker.addr["eventer"][1]), "query", "latest"],
                                capture_output=True, text=True, timeout=30))
     assert res.returncode == 1 and "token" in res.stderr

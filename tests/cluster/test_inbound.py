@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from broker.cluster import inbound
 from broker.cluster.backplane import Backplane, RemoteSender
 from broker.core.router import SUBTYPES, Endpoint, Routed, Router
-from broker.core.session import decode_send, decode_send_py
+from broker.core.skan_handler import decode_send, decode_send_py
 from broker.observability.routelog.record import RecordBuffer
 from wire.skan import encode_frame
 

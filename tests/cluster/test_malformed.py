@@ -11,7 +11,7 @@ import struct
 import pytest
 import trio
 
-from broker.cluster.service import MALFORMED_LOG_INTERVAL
+from broker.cluster.cluster_service import MALFORMED_LOG_INTERVAL
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker
 from wire import nats

@@ -1,10 +1,10 @@
-"""Pure tests of the cluster query merge and its wire form (broker.cluster.query)."""
+"""Pure tests of the cluster query merge and its wire form (broker.cluster.cluster_query)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from wire import eventer as w
 from wire.skan import encode_frame
 

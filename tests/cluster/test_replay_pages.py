@@ -4,10 +4,10 @@ and interleaved timestamps, answers cut short by NATS's max_payload."""
 
 from __future__ import annotations
 
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from broker.core.retention import RetentionStore
 from broker.core.router import Endpoint, Routed, Router
-from broker.protocols.eventer.query import QUERY_LIMIT
+from broker.store.retained_query import QUERY_LIMIT
 from wire.skan import decode_header, encode_frame
 
 PATTERNS = (("g", "*"),)

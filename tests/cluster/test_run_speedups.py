@@ -1,5 +1,5 @@
-"""The compiled batch_key and run_parts (broker/_speedups.c) against their
-pure-Python references (broker/cluster/runs.py), and the cluster's pure tests
+"""The compiled batch_key and run_parts (broker/_observer_speedups.c) against their
+pure-Python references (broker/cluster/subject_runs.py), and the cluster's pure tests
 again with SKAN_PURE_PYTHON=1 (the references then run everywhere)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.cluster import runs
+from broker.cluster import subject_runs as runs
 from broker.core.router import Endpoint, Routed
 from wire.skan.codec import PURE_PYTHON
 
 needs_c = pytest.mark.skipif(runs._batch_key_c is None,
-                             reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+                             reason="broker._observer_speedups not built (or SKAN_PURE_PYTHON=1)")
 OWN = 3
 
 
@@ -27,7 +27,7 @@ def test_implementation_matches_the_mode():
         assert runs.RUN_SCAN_IMPLEMENTATION == "python" and runs._run_parts_c is None
     else:
         assert runs.RUN_SCAN_IMPLEMENTATION == "c", (
-            "broker/_speedups is not built (or is an older build): run `pip install -e .`")
+            "broker/_observer_speedups is not built (or is an older build): run `pip install -e .`")
 
 
 sender = Endpoint()

@@ -8,7 +8,7 @@ import struct
 
 from broker.cluster.backplane import Backplane
 from broker.cluster.ratelog import RateLimitedLog
-from broker.cluster.runs import RUN_BYTES, encode_run, pack_stamps, parse_origin, unpack_run
+from broker.cluster.subject_runs import RUN_BYTES, encode_run, pack_stamps, parse_origin, unpack_run
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats, parse_commands
 from wire import nats

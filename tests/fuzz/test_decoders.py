@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from broker.core.queue import QueuedEndpoint
 from broker.core.router import Router
-from broker.core.session import SkanSession
+from broker.core.skan_handler import SkanHandler
 from broker.observability import http as metrics_http
 from tests.fuzz import grammar
 from tests.fuzz.conftest import FINDINGS, PROFILE, tally
@@ -86,7 +86,7 @@ def test_skan_framing_codec_and_session(chunks):
     peer = _Sink(router, 1 << 24, "drop")
     router.attach(peer)
     router.subscribe(peer, b"g", b"*", 2)
-    session = SkanSession(router, ep)
+    session = SkanHandler(router, ep)
 
     def step(chunk: bytes) -> None:
         for frame in splitter.receive_data(chunk):

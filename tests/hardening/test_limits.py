@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import trio
 
-from clients.eventer import EventerClient, EventerInitError
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hardening.bystander import bystander, tracebacks
@@ -19,6 +18,7 @@ from tests.protocols.hsp.test_bridge import PeerServer, bridge_config, free_port
 from tests.rawhsp import RawHSP
 from tests.rawmariner import RawMariner
 from tests.rawskan import RawSkan
+from toolkit.eventer_client import EventerClient, EventerInitError
 from wire.eventer import BinaryPayload, RegisterEvent
 from wire.hsp import Error
 
@@ -145,7 +145,7 @@ async def test_hsp_bridge_payload_whose_frame_exceeds_max_frame_is_refused():
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_max_subscriptions_must_be_positive(value):
-    from broker.runtime import config as cfgmod
+    from broker.serving import config as cfgmod
 
     with pytest.raises(cfgmod.ConfigError) as info:
         cfgmod.from_mapping({"broker": {"max_subscriptions": value}})

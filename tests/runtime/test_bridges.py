@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
+from broker.app.configured_bridges import RUNNERS, serve_bridges
 from broker.core.router import Router
-from broker.runtime.bridges import RUNNERS, serve_bridges
-from broker.runtime.config import BridgeSection, Config
-from broker.runtime.context import BrokerContext
+from broker.serving.config import BridgeSection, Config
+from broker.serving.context import BrokerContext
 
 pytestmark = pytest.mark.trio
 

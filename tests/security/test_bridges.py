@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape

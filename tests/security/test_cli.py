@@ -38,7 +38,7 @@ def _env(**extra: str) -> dict[str, str]:
 async def test_eventer_cli_token_from_environment():
     with BrokerProcess(USERS) as b:
         host, port = b.addr["eventer"]
-        base = ["-m", "clients.eventer", "--host", host, "--port", str(port), "query", "latest"]
+        base = ["-m", "clients.eventer_cli", "--host", host, "--port", str(port), "query", "latest"]
         ok = await trio.run_process([*_python(), *base], env=_env(SKAN_TOKEN=SENSOR_TOKEN),
                                     capture_stdout=True, capture_stderr=True, check=False)
         assert ok.returncode == 0, ok.stderr

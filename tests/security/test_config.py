@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from broker.runtime import config as cfgmod
+from broker.serving import config as cfgmod
 
 USER = {"name": "u", "token": "t"}
 
@@ -28,12 +28,19 @@ USER = {"name": "u", "token": "t"}
     ({"users": [{"name": "u", "colour": "red"}]}, "users[0].colour", "unknown key"),
     ({"users": {"name": "u"}}, "users", "array of tables"),
     ({"auth": {"anonymous_user": "ghost"}}, "auth.anonymous_user", "not the name"),
+    ({"eventer": {"anonymous_user": "ghost"}}, "eventer.anonymous_user", "not the name"),
     ({"auth": {"allow_anonymous": "no"}}, "auth.allow_anonymous", "must be a bool"),
     ({"skan": {"tls_client_auth": "require"}}, "skan.tls_client_auth", "need tls_ca"),
     ({"skan": {"tls_client_auth": "maybe"}}, "skan.tls_client_auth", "must be one of"),
     ({"hsp": {"tls_ca": "ca.pem"}}, "hsp.tls_ca", "needs tls_cert"),
-    ({"metrics": {"tls_cert": "c", "tls_key": "k", "tls_ca": "ca", "tls_client_auth": "require"}},
-     "metrics.tls_client_auth", "not supported"),
+    ({"metrics": {"tls_cert": "c", "tls_key": "k", "tls_ca": "ca", "tls_client_auth": "optional"}},
+     "metrics.tls_client_auth", "'none' or 'require'"),
+    ({"metrics": {"token": "t", "token_sha256": "a" * 64}}, "metrics.token", "not both"),
+    ({"metrics": {"username": "prom"}}, "metrics.username", "needs password"),
+    ({"metrics": {"password": "pw"}}, "metrics.password", "needs username"),
+    ({"metrics": {"username": "a:b", "password": "pw"}}, "metrics.username", "':'"),
+    ({"metrics": {"password_sha256": "xyz", "username": "u"}}, "metrics.password_sha256",
+     "64 hex digits"),
     ({"bridges": [{"protocol": "hsp", "address": "h:1", "group": "g", "tls_cert": "c"}]},
      "bridges[0].tls_cert", "tls = true"),
 ])
@@ -72,4 +79,9 @@ def test_example_users_load():
     })
     auth = cfgmod.build_authenticator(cfg)
     assert set(auth.users) == {"guest", "s"}
+    assert auth.listener_anonymous == {}
+    hat = cfgmod.from_mapping({"auth": {"allow_anonymous": False},
+                               "eventer": {"anonymous_user": "hat"},
+                               "users": [{"name": "hat", "publish": ["gateway"]}]})
+    assert cfgmod.build_authenticator(hat).listener_anonymous == {"eventer": "hat"}
     assert auth.users["s"].max_connections == 3

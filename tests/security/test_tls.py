@@ -13,12 +13,12 @@ import pytest
 import trio
 import trustme
 
-from clients.eventer import EventerClient
 from clients.hsp import SkanOverHSP
 from clients.skan import SkanClient, SkanClientError
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape
 from tests.security.common import SENSOR_TOKEN, USERS
+from toolkit.eventer_client import EventerClient
 
 
 @pytest.fixture(scope="module")

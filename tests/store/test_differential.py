@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from broker.core import events
 from broker.core.retention import RetentionStore
 from broker.core.router import Router
-from broker.protocols.eventer.query import LatestTable, run_query, run_store_query
 from broker.store import Store
+from broker.store.retained_query import LatestTable, run_query, run_store_query
 from tests.store.test_store import Clock, Sender
 from wire import eventer as w
 

@@ -1,4 +1,4 @@
-"""The compiled batch_row (broker/_speedups.c) against the pure-Python reference."""
+"""The compiled batch_row (broker/_observer_speedups.c) against the pure-Python reference."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from broker.core import events
 from broker.core.router import Router
-from broker.store import runs
+from broker.store import batch_rows as runs
 from tests.store.test_store import Clock, Sender
 
 needs_c = pytest.mark.skipif(runs._batch_row_c is None,
-                             reason="broker._speedups not built (or SKAN_PURE_PYTHON=1)")
+                             reason="broker._observer_speedups not built (or SKAN_PURE_PYTHON=1)")
 
 
 def test_observer_implementation_matches_the_mode():
@@ -24,7 +24,7 @@ def test_observer_implementation_matches_the_mode():
         assert runs._batch_row_c is None and record._lines_c is None
     else:
         assert runs.BATCH_ROW_IMPLEMENTATION == "c" and record._lines_c is not None, (
-            "broker/_speedups is not built: run `pip install -e .` (or make venv)")
+            "broker/_observer_speedups is not built: run `pip install -e .` (or make venv)")
 
 
 message = st.tuples(

@@ -176,7 +176,7 @@ def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog
     # fails with SQLITE_FULL ("database or disk is full"), as on a full disk.
     pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
     store._conn.execute(f"PRAGMA max_page_count = {pages}")
-    caplog.set_level(logging.ERROR, logger="broker.store.store")
+    caplog.set_level(logging.ERROR, logger="broker.store.writer")
     failed = []
     for _ in range(5):
         failed += route(router, sender, 1, size=20_000)
@@ -221,7 +221,7 @@ def test_schema_version_mismatch_is_refused(tmp_path):
 
 def _runs_one_by_one(batch: list) -> list[tuple]:
     """The rows RunBuilder makes of a batch message by message (the reference)."""
-    from broker.store.runs import RunBuilder
+    from broker.store.batch_rows import RunBuilder
 
     rows, run = [], None
     for r in batch:
@@ -241,7 +241,7 @@ def _runs_one_by_one(batch: list) -> list[tuple]:
 @pytest.mark.parametrize("case", ["one-type", "two-types", "clock-back", "single"])
 def test_a_batch_of_one_type_is_one_row_built_in_c_level_calls(case):
     """batch_row() equals the message-by-message reference, or declines (None)."""
-    from broker.store.runs import batch_row
+    from broker.store.batch_rows import batch_row
 
     clock = Clock()
     router = Router(clock=clock)
@@ -389,7 +389,7 @@ def test_spool_operations_kept_across_failed_commits_are_bounded_and_counted(tmp
 def test_group_indexes_written_without_the_instance_are_rebuilt_at_open(tmp_path):
     import sqlite3
 
-    from broker.protocols.eventer.query import run_store_query
+    from broker.store.retained_query import run_store_query
     from wire import eventer as w
 
     store, router, sender = setup(tmp_path)
@@ -456,4 +456,40 @@ def test_bytes_bound_evicts_part_of_a_run_at_each_commit(tmp_path):
         assert sum(sizes[-n:]) <= 2000 < sum(sizes[-n - 1:]) or n == len(routed)
         assert [e[3] for e in kept] == [r.frame for r in routed[-n:]]
         assert store.bytes == sum(sizes[-n:]) and store.evicted == len(routed) - n
+    store.close()
+
+
+def test_a_read_waits_for_the_commit_the_writer_thread_is_making(tmp_path, monkeypatch):
+    """A query right after routing must see the message even when the writer thread
+    has just taken it from the queue and is still committing it (issue 24: a latest
+    query answered empty now and then)."""
+    import threading
+    import time
+
+    from broker.store import writer as store_module
+
+    store, router, sender = setup(tmp_path)
+    route(router, sender, 1)
+    router.hand_over()
+    taken = threading.Event()
+    expand = store_module._expand
+
+    def slow_expand(ops):
+        if threading.current_thread().name == "writer":
+            taken.set()
+            time.sleep(0.3)  # the commit in progress, its operations off the queue
+        return expand(ops)
+
+    monkeypatch.setattr(store_module, "_expand", slow_expand)
+
+    def writer() -> None:
+        with store._lock:
+            store._commit_queued()
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    assert taken.wait(5)
+    assert not store._ops  # the queue is empty: only the lock tells a commit is under way
+    assert len(store.latest_entries(None)) == 1
+    thread.join()
     store.close()

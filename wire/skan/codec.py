@@ -373,7 +373,7 @@ def item_bytes(buf: bytes, header: dict[bytes, Any], tag: bytes) -> Any:
 # Compiled hot path
 # --------------------------------------------------------------------------
 
-# The functions above are the reference.  ``wire/skan/_speedups.c`` (built by
+# The functions above are the reference.  ``wire/skan/_codec_speedups.c`` (built by
 # ``pip install -e .``) replaces ``decode_header`` with a C scanner that
 # accepts exactly the same input and hands anything it refuses back to the
 # reference, so errors are identical.  SKAN_PURE_PYTHON=1 keeps the reference
@@ -384,7 +384,7 @@ decode_header_py = decode_header
 IMPLEMENTATION = "python"
 if not PURE_PYTHON:
     try:
-        from wire.skan import _speedups
+        import wire.skan._codec_speedups as _speedups
     except ImportError:  # not built (no C compiler): the reference serves
         pass
     else:

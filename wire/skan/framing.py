@@ -12,9 +12,16 @@ import contextlib
 
 from wire.buffer import ReceiveBuffer
 from wire.errors import FramingError
-from wire.skan.codec import PURE_PYTHON
+from wire.skan.codec import MAGIC, PURE_PYTHON
 
 MAGIC_LEN = 4
+
+
+def looks_like_skan(data: bytes) -> bool:
+    """Whether the first bytes a peer sent look like a Skan frame (length, then
+    the ``Skan`` magic), for listeners of other protocols that want to tell a
+    Skan client it dialled the wrong port."""
+    return len(data) >= 4 + MAGIC_LEN and data[4:4 + MAGIC_LEN] == MAGIC and data[0] == 0
 
 
 class FrameSplitter:
@@ -92,4 +99,4 @@ def split(data: bytes, pos: int, max_frame: int) -> tuple[list[bytes], int, int,
 split_frames = split
 if not PURE_PYTHON:
     with contextlib.suppress(ImportError):  # not built: the reference serves
-        from wire.skan._speedups import split as split_frames
+        from wire.skan._codec_speedups import split as split_frames

@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterable
 
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan.codec import PURE_PYTHON
 
-# broker/_speedups.c formats the ASCII lines of a batch in one C loop; the
+# broker/_observer_speedups.c formats the ASCII lines of a batch in one C loop; the
 # Python loop (RecordBuffer.observe_py) is the reference and the fallback.
 _lines_c = None
 if not PURE_PYTHON:
     try:
-        from broker._speedups import routelog_lines as _lines_c
+        from broker._observer_speedups import routelog_lines as _lines_c
     except ImportError:  # pragma: no cover - built without a compiler
         _lines_c = None
 
@@ -108,6 +109,8 @@ class RecordBuffer:
     def __init__(self, limit: int, on_full: Callable[[], None],
                  router: Router | None = None, server: int | None = None) -> None:
         self.lines: list[str] = []
+        # time.time() when the oldest buffered line was routed (lag_seconds).
+        self.first_at = 0.0
         # The writing broker's server id (the router's unless given).
         self.server = server if server is not None else (
             router.server_id if router is not None else 0)
@@ -122,6 +125,8 @@ class RecordBuffer:
 
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: one line per routed message of the batch."""
+        if not self.lines:
+            self.first_at = time.time()
         if _lines_c is None:
             self.observe_py(batch)
         else:
@@ -174,6 +179,9 @@ class RecordBuffer:
             h = routed.header
             key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
         return self._parts.get(key) or self._new_parts(routed)
+
+    def pending(self) -> int:
+        return len(self.lines)
 
     def take(self) -> list[str]:
         lines, self.lines = self.lines, []

@@ -5,7 +5,7 @@ One :class:`EventerEndpoint` per client drives the pure
 subscriptions as router patterns, MsgRegisterReq turned into Skan sends,
 queries answered from the retained messages, notifications grouped per
 routing batch (one Hat session) and paced by MsgEventsAck credit.  The trio
-part is the shared :func:`broker.runtime.transport.serve_protocol` (keep-alive
+part is the shared :func:`broker.serving.transport.serve_protocol` (keep-alive
 included) plus a conversation timer.  The opening is MsgInitReq.
 """
 
@@ -27,18 +27,18 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
-from broker.core.session import InputSlices
+from broker.core.skan_handler import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed
-from broker.protocols.eventer.query import (
+from broker.serving.context import BrokerContext
+from broker.serving.transport import serve_protocol
+from broker.store import Store
+from broker.store.retained_query import (
     Answer,
     LatestTable,
     Visible,
     run_query,
     run_store_query,
 )
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
-from broker.store import Store
 from wire import eventer as w
 from wire.errors import ProtocolError
 
@@ -342,7 +342,14 @@ class EventerEndpoint(QueuedEndpoint):
             if req.conv is not None:
                 self.proto.register_result(req.conv, None)
             return
-        routed = [route_injected(self.router, self, m) for m in sends]
+        # BROKER-SPEC 11, as hat-event-server: one request is one session
+        # (EventId session, timestamp, notification), its own subscriber is
+        # notified too, and notifications go out before the response.
+        router = self.router
+        router.new_session()
+        routed = [route_injected(router, self, m) for m in sends]
+        router.deliver_own(self, routed)
+        router.new_session()
         if req.conv is not None:
             encode = self.service.encode
             self.proto.register_result(req.conv, [encode(r) for r in routed])

@@ -2,7 +2,7 @@
 
 DATA and DATA_ACK with Type 1 carry one complete Skan message (magic
 included, no length prefix) and go through the very same
-:class:`~broker.core.session.SkanSession` as native Skan connections.
+:class:`~broker.core.skan_handler.SkanHandler` as native Skan connections.
 HSP's framing puts the payload's 4-byte big-endian length right before it,
 which is exactly a Skan frame, so the decoder hands the session a slice of
 the received bytes and the router forwards it unchanged.
@@ -23,7 +23,7 @@ Type is dropped and counted.  An unknown command byte (or an ACK for a
 MessageID we never used) closes the connection.
 
 Broker-side logic is synchronous (``on_bytes``); the trio part is the shared
-:func:`broker.runtime.transport.serve_protocol` (keep-alive included).  The
+:func:`broker.serving.transport.serve_protocol` (keep-alive included).  The
 HSP opening is the first message: the handshake timeout ends once any
 complete HSP message has arrived.
 """
@@ -39,9 +39,9 @@ import trio
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import InputSlices, Rejected, SkanSession, error_frame
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
+from broker.core.skan_handler import InputSlices, Rejected, SkanHandler, error_frame
+from broker.serving.context import BrokerContext
+from broker.serving.transport import serve_protocol
 from wire.hsp import (
     DATA_ACK,
     Ack,
@@ -56,7 +56,7 @@ from wire.hsp import (
     ProtocolError,
     data_prefix,
 )
-from wire.skan import SkanError, encode_frame
+from wire.skan import SkanError, encode_frame, looks_like_skan
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,19 @@ ERROR_REASONS = {MALFORMED: ErrorKind.MALFORMED, REJECTED: ErrorKind.REJECTED,
 # (its 4-byte length prefix is HSP's Length field).
 DELIVERY_PREFIX = data_prefix(SKAN_TYPE)
 
+# Said (as a Skan error frame) to a native Skan client on the HSP port.
+WRONG_PORT = ("this is the broker's HSP port: native Skan clients use the Skan port (9912 "
+              "by default); to speak HSP here use `skan --protocol hsp`")
+
+
+def _skan_not_hsp(data: bytes) -> bool:
+    """A connection's first bytes are a Skan frame (a length under 16 MiB, then
+    the "Skan" magic), not HSP.  Read as HSP they would be a DATA whose Length
+    ends in "Ska" (over 5 MiB) and whose payload begins with "n": for Type 1
+    that payload would have to be a Skan frame of over 1.8 GB, and other
+    Types are dropped anyway, so no HSP client's opening looks like this."""
+    return looks_like_skan(data)
+
 # What a connection over max_connections receives before it is closed: the
 # Skan error frame as DATA Type 1, as every fault of a plain DATA is reported.
 TOO_MANY_CONNECTIONS = DELIVERY_PREFIX + error_frame("too many connections")
@@ -89,7 +102,7 @@ class HSPEndpoint(QueuedEndpoint):
     def __init__(self, router: Router, queue_limit: int, policy: str, max_payload: int) -> None:
         super().__init__(router, queue_limit, policy)
         self.hsp = HSPConnection(max_payload)
-        self.session = SkanSession(router, self)
+        self.session = SkanHandler(router, self)
         self.counters = router.counters
         # While a DATA_ACK is being handled, its replies wait here so the ACK goes first.
         self._held: list[bytes] | None = None
@@ -133,6 +146,14 @@ class HSPEndpoint(QueuedEndpoint):
         """Handle received bytes, at most one slice of commands; True when commands
         are left for another slice (the transport calls again with b"")."""
         inp = self.input
+        if data and not self.opened and not self.hsp.buffered and _skan_not_hsp(data):
+            # A Skan client dialled the HSP port (its getlname frame read as
+            # HSP would announce a payload of megabytes and wait for it):
+            # tell it in Skan, at once, and close.
+            self.counters.protocol_error(self.protocol, ErrorKind.PROTOCOL_VIOLATION)
+            self.enqueue(encode_frame({"type": "error", "error": WRONG_PORT}))
+            self.closing = CloseReason.PROTOCOL_ERROR
+            return False
         if data:
             try:
                 inp.add(self.hsp.receive_data(data))

@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.cluster import query as cq
+from broker.cluster import cluster_query as cq
 from broker.core.events import pattern_bytes
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import RetentionStore, view
 from broker.core.router import NotPermitted, Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import serve_protocol
+from broker.serving.context import BrokerContext
+from broker.serving.transport import serve_protocol
 from wire import eventer as w
 from wire import mariner as mw
 

@@ -10,9 +10,9 @@ import trio
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Routed, Router
-from broker.core.session import InputSlices, SkanSession, error_frame
-from broker.runtime.context import BrokerContext
-from broker.runtime.transport import (
+from broker.core.skan_handler import InputSlices, SkanHandler, error_frame
+from broker.serving.context import BrokerContext
+from broker.serving.transport import (
     serve_protocol,
 )
 from wire.errors import FramingError, MalformedError
@@ -32,7 +32,7 @@ class SkanEndpoint(QueuedEndpoint):
     def __init__(self, router: Router, queue_limit: int, policy: str, max_frame: int) -> None:
         super().__init__(router, queue_limit, policy)
         self.splitter = FrameSplitter(max_frame)
-        self.session = SkanSession(router, self)
+        self.session = SkanHandler(router, self)
         # Frames received but not yet handled (bounded work per slice).
         self.input: InputSlices[bytes] = InputSlices()
 

@@ -9,9 +9,10 @@ import trio
 import trio.testing
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from broker.app import lifecycle as app
 from broker.observability import http as metrics_http
 from broker.observability.http import MAX_HEAD
-from broker.runtime import app, config
+from broker.serving import config
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import RawHTTP, get, samples, scrape, value

@@ -8,8 +8,8 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.protocols.eventer.listener import EventerEndpoint, EventerService
 from broker.protocols.skan.listener import SkanEndpoint
-from broker.runtime.config import Config
-from broker.runtime.context import BrokerContext
+from broker.serving.config import Config
+from broker.serving.context import BrokerContext
 from wire.eventer import ClientConnection, EventsNotified, InitReq, InitResult, Status
 from wire.skan import encode_frame
 

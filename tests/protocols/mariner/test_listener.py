@@ -13,11 +13,11 @@ import pytest
 import trio
 import trustme
 
-from clients.mariner import MarinerClient, MarinerClosed
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.rawmariner import RawMariner
 from tests.rawskan import RawSkan
+from toolkit.mariner_client import MarinerClient, MarinerClosed
 from wire import mariner as mw
 from wire.skan import encode_frame
 
@@ -443,7 +443,7 @@ async def test_tls_listener(tmp_path):
 async def test_cli_prints_events_as_json_lines(broker):
 
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "clients.mariner", "--port", str(broker.addr["mariner"][1]),
+        [sys.executable, "-m", "clients.mariner_cli", "--port", str(broker.addr["mariner"][1]),
          "cli/*"], stdout=subprocess.PIPE, cwd=ROOT,
     )
     try:
@@ -466,7 +466,7 @@ async def test_cli_prints_events_as_json_lines(broker):
 async def test_cli_reports_a_refused_token(token_broker):
 
     result = await trio.run_process(
-        [sys.executable, "-m", "clients.mariner", "--port",
+        [sys.executable, "-m", "clients.mariner_cli", "--port",
          str(token_broker.addr["mariner"][1]), "--token", "bad", "t/*"],
         capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT,
     )

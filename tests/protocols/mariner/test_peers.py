@@ -8,11 +8,11 @@ import json
 import pytest
 import trio
 
-from clients.mariner import MarinerClient
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.peerenv import HAT08_PEER
 from tests.peerproc import PeerProcess
+from toolkit.mariner_client import MarinerClient
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 

@@ -1,0 +1,824 @@
+/*
+ * Compiled per-message work of the router's observers.
+ *
+ * routelog_columns: the same records as column buffers (the Parquet format,
+ * broker/observability/routelog/columns.py; ColumnBuffer.observe_py is the
+ * reference, compared on random batches in the same test file).
+ *
+ * routelog_lines: the routing log's JSON lines of a batch
+ * (broker/observability/routelog/record.py).  RecordBuffer's Python loop
+ * is the reference; tests/observability/routelog/test_speedups.py compares
+ * the two on random batches.  The C loop handles messages whose line is
+ * ASCII and returns the index of the first one it leaves to Python.
+ *
+ * batch_row: the durable store's row of a routing batch that is one run
+ * (broker/store/batch_rows.py).  The pure-Python batch_row there is the
+ * reference: this function returns an equal tuple, or None exactly when
+ * the reference does; tests/store/test_speedups.py holds it to that on
+ * random batches.  Anything it does not expect (a type other than the
+ * router's, a header that is not a dict, a non-float timestamp) makes it
+ * return NotImplemented, and the caller runs the reference instead.
+ *
+ * batch_key and run_parts: what the cluster backplane of the publishing
+ * broker reads of a routing batch (broker/cluster/subject_runs.py: batch_key_py
+ * and run_parts_py are the references; tests/cluster/test_run_speedups.py
+ * compares them on random batches).  batch_key returns the one routing
+ * subject of a batch of this broker's messages (or None), run_parts the
+ * frames, cumulative payload sizes and packed timestamps of a batch that
+ * is one run.  Both return NotImplemented for anything the reference would
+ * raise on or that they do not expect (then the reference runs).
+ *
+ * Memory safety: only objects of the batch are read, through the C API
+ * (no raw offsets into Python objects); every buffer is sized before it is
+ * written; sizes are Py_ssize_t sums checked against MAX_RUN_BYTES
+ * (far below PY_SSIZE_T_MAX) before anything is allocated.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Interned attribute names and header tags (module init). */
+static PyObject *s_header, *s_frame, *s_timestamp, *s_delivered, *s_session, *s_instance;
+static PyObject *t_group, *t_instance, *t_seq, *s_sender, *s_recipients;
+static PyObject *s_server, *t_to;
+
+/* A borrowed-free getter: new reference or NULL (error set). */
+static PyObject *
+attr(PyObject *obj, PyObject *name)
+{
+    return PyObject_GetAttr(obj, name);
+}
+
+static int
+long_of(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = attr(obj, name);
+    if (v == NULL)
+        return -1;
+    if (!PyLong_CheckExact(v)) {
+        Py_DECREF(v);
+        return 1; /* not handled here */
+    }
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+/* 1 when equal, 0 when not, -1 on error. */
+static int
+same_bytes(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (!PyBytes_CheckExact(a) || !PyBytes_CheckExact(b))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_ssize_t n = PyBytes_GET_SIZE(a);
+    return n == PyBytes_GET_SIZE(b) && memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), n) == 0;
+}
+
+static PyObject *
+not_here(void)
+{
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+/* batch_row(batch, source_tag, max_run, max_run_bytes, max_span) */
+static PyObject *
+batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* the arrays are stored little-endian: the reference swaps */
+#else
+    PyObject *batch = args[0], *src_tag = args[1];
+    Py_ssize_t max_run = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
+    double max_span = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (n == 0)
+        return not_here();
+    if (n > max_run)
+        Py_RETURN_NONE;
+
+    PyObject *result = NULL, *grp = NULL, *inst = NULL;
+    PyObject *frames_b = NULL, *ts_b = NULL, *dl_b = NULL, *off_b = NULL;
+    PyObject **frames = NULL;
+    double *ts = NULL;
+    long long *dl = NULL, *off = NULL;
+    long long session, first, last_session, last;
+    int rc;
+
+    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
+    if ((rc = long_of(head, s_session, &session)) || (rc = long_of(head, s_instance, &first))
+        || (rc = long_of(tail, s_session, &last_session)) || (rc = long_of(tail, s_instance, &last)))
+        return rc < 0 ? NULL : not_here();
+    /* Instances only grow within a session: consecutive iff the span is n - 1. */
+    if (last_session != session || last - first != (long long)(n - 1))
+        Py_RETURN_NONE;
+
+    frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    ts = PyMem_Malloc((size_t)n * sizeof(double));
+    dl = PyMem_Malloc((size_t)n * sizeof(long long));
+    off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
+    if (frames == NULL || ts == NULL || dl == NULL || off == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    off[0] = 0;
+    int declined = 0;  /* 1: None (not one run); 2: NotImplemented */
+    for (Py_ssize_t i = 0; i < n && !declined; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto done;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            declined = 2;
+            break;
+        }
+        rc = PyDict_Contains(h, src_tag);
+        if (rc != 0) {
+            Py_DECREF(h);
+            if (rc < 0)
+                goto done;
+            declined = 1;
+            break;
+        }
+        PyObject *g = PyDict_GetItemWithError(h, t_group);   /* borrowed */
+        PyObject *in = g ? PyDict_GetItemWithError(h, t_instance) : NULL;
+        if (g == NULL || in == NULL) {
+            Py_DECREF(h);
+            if (PyErr_Occurred())
+                goto done;
+            declined = 2; /* the reference would raise: let it */
+            break;
+        }
+        if (i == 0) {
+            grp = Py_NewRef(g);
+            inst = Py_NewRef(in);
+        } else {
+            int eq = same_bytes(g, grp);
+            if (eq == 1)
+                eq = same_bytes(in, inst);
+            if (eq != 1) {
+                Py_DECREF(h);
+                if (eq < 0)
+                    goto done;
+                declined = 1;
+                break;
+            }
+        }
+        Py_DECREF(h);
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto done;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            declined = 2;
+            break;
+        }
+        ts[i] = PyFloat_AS_DOUBLE(t);
+        Py_DECREF(t);
+        if (i > 0 && !(ts[i - 1] <= ts[i])) {
+            declined = 1;
+            break;
+        }
+        if ((rc = long_of(r, s_delivered, &dl[i])) != 0) {
+            if (rc < 0)
+                goto done;
+            declined = 2;
+            break;
+        }
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto done;
+        if (!PyBytes_CheckExact(f)) {
+            Py_DECREF(f);
+            declined = 2;
+            break;
+        }
+        frames[i] = f; /* owned */
+        total += PyBytes_GET_SIZE(f);
+        off[i + 1] = (long long)total;
+        if (total > max_bytes && n > 1) {
+            declined = 1; /* the reference checks the sum at the end: same answer */
+            break;
+        }
+    }
+    if (declined == 2) {
+        result = not_here();
+        goto done;
+    }
+    if (declined == 1 || ts[n - 1] - ts[0] > max_span) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    frames_b = PyBytes_FromStringAndSize(NULL, total);
+    ts_b = PyBytes_FromStringAndSize((const char *)ts, n * (Py_ssize_t)sizeof(double));
+    dl_b = PyBytes_FromStringAndSize((const char *)dl, n * (Py_ssize_t)sizeof(long long));
+    off_b = PyBytes_FromStringAndSize((const char *)off, (n + 1) * (Py_ssize_t)sizeof(long long));
+    if (frames_b == NULL || ts_b == NULL || dl_b == NULL || off_b == NULL)
+        goto done;
+    char *out = PyBytes_AS_STRING(frames_b);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = PyBytes_GET_SIZE(frames[i]);
+        memcpy(out, PyBytes_AS_STRING(frames[i]), (size_t)size);
+        out += size;
+    }
+    result = Py_BuildValue("(LLLOOddOnOOOO)", session, first, last, grp, inst, ts[0], ts[n - 1],
+                           Py_None, total, ts_b, dl_b, off_b, frames_b);
+done:
+    if (frames != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(frames[i]);
+        PyMem_Free(frames);
+    }
+    PyMem_Free(ts);
+    PyMem_Free(dl);
+    PyMem_Free(off);
+    Py_XDECREF(grp);
+    Py_XDECREF(inst);
+    Py_XDECREF(frames_b);
+    Py_XDECREF(ts_b);
+    Py_XDECREF(dl_b);
+    Py_XDECREF(off_b);
+    return result;
+#endif
+}
+
+/* Append the ASCII text of a str to *p (the caller sized the buffer). */
+static inline void
+put(char **p, PyObject *ascii)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ascii);
+    memcpy(*p, PyUnicode_1BYTE_DATA(ascii), (size_t)n);
+    *p += n;
+}
+
+static inline void
+put_lit(char **p, const char *s, size_t n)
+{
+    memcpy(*p, s, n);
+    *p += n;
+}
+
+static inline int
+is_ascii_str(PyObject *o)
+{
+    return PyUnicode_CheckExact(o) && PyUnicode_IS_ASCII(o);
+}
+
+/* routelog_lines(batch, start, lines, parts_of, seq_text) -> index
+ *
+ * Appends to ``lines`` the record line of batch[start], batch[start + 1],
+ * ... and returns the index of the first message it did not format (len
+ * when all were).  ``parts_of(routed)`` returns the cached (prefix,
+ * suffix, ...) of a message's sender and recipients (called again only
+ * when they change); ``seq_text(seq)`` the escaped text of a seq that is
+ * not plain digits.
+ */
+static PyObject *
+routelog_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "routelog_lines(list, int, list, callable, callable)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *lines = args[2], *parts_of = args[3], *seq_text = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    PyObject *last_sender = NULL, *last_recips = NULL, *prefix = NULL, *suffix = NULL;
+    PyObject *parts = NULL;  /* owns prefix and suffix */
+    for (; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *sender = attr(r, s_sender);
+        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+        if (recips == NULL) {
+            Py_XDECREF(sender);
+            goto error;
+        }
+        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+                    && sender == last_sender && recips == last_recips;
+        if (!reuse) {
+            Py_XDECREF(parts);
+            parts = PyObject_CallOneArg(parts_of, r);
+            if (parts == NULL) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                goto error;
+            }
+            if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) < 2
+                || !is_ascii_str(PyTuple_GET_ITEM(parts, 0))
+                || !is_ascii_str(PyTuple_GET_ITEM(parts, 1))) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                break; /* not ASCII: Python formats this one */
+            }
+            prefix = PyTuple_GET_ITEM(parts, 0);
+            suffix = PyTuple_GET_ITEM(parts, 1);
+            /* Keep identities only while parts holds them alive (its third
+             * item is the recipient tuple; the sender stays attached). */
+            last_sender = sender;
+            last_recips = recips;
+        }
+        Py_DECREF(sender);
+        Py_DECREF(recips);
+
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            break;
+        }
+        double us = PyFloat_AS_DOUBLE(t) * 1e6;
+        Py_DECREF(t);
+        if (!(us > -9.0e18 && us < 9.0e18))
+            break; /* NaN, inf, out of range: Python says what happens */
+        long long time_us = (long long)us; /* truncation, as int() */
+
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        Py_ssize_t size = PyObject_Length(f);
+        Py_DECREF(f);
+        if (size < 0)
+            goto error;
+
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto error;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            break;
+        }
+        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+        if (seq == NULL && PyErr_Occurred()) {
+            Py_DECREF(h);
+            goto error;
+        }
+        const char *sq = NULL;
+        Py_ssize_t sq_len = 0;
+        PyObject *sq_obj = NULL;
+        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+            const char *b = PyBytes_AS_STRING(seq);
+            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
+            while (k < m && b[k] >= '0' && b[k] <= '9')
+                k++;
+            if (k == m) {
+                sq = b;
+                sq_len = m;
+            }
+        }
+        if (sq == NULL) {
+            sq_obj = PyObject_CallOneArg(seq_text, seq != NULL ? seq : Py_None);
+            if (sq_obj == NULL) {
+                Py_DECREF(h);
+                goto error;
+            }
+            if (!is_ascii_str(sq_obj)) {
+                Py_DECREF(sq_obj);
+                Py_DECREF(h);
+                break;
+            }
+            sq = (const char *)PyUnicode_1BYTE_DATA(sq_obj);
+            sq_len = PyUnicode_GET_LENGTH(sq_obj);
+        }
+        char digits[48];
+        int tn = snprintf(digits, 24, "%lld", time_us);
+        int zn = snprintf(digits + 24, 24, "%zd", size);
+        static const char A[] = "{\"time_us\":", B[] = ",", C[] = ",\"seq\":\"",
+                          D[] = "\",\"size\":";
+        Py_ssize_t len = (Py_ssize_t)(sizeof(A) - 1 + tn + sizeof(B) - 1 + sizeof(C) - 1
+                                      + sizeof(D) - 1 + zn) + sq_len
+                         + PyUnicode_GET_LENGTH(prefix) + PyUnicode_GET_LENGTH(suffix);
+        PyObject *line = PyUnicode_New(len, 127);
+        if (line == NULL) {
+            Py_XDECREF(sq_obj);
+            Py_DECREF(h);
+            goto error;
+        }
+        char *p = (char *)PyUnicode_1BYTE_DATA(line);
+        put_lit(&p, A, sizeof(A) - 1);
+        put_lit(&p, digits, (size_t)tn);
+        put_lit(&p, B, sizeof(B) - 1);
+        put(&p, prefix);
+        put_lit(&p, C, sizeof(C) - 1);
+        put_lit(&p, sq, (size_t)sq_len);
+        put_lit(&p, D, sizeof(D) - 1);
+        put_lit(&p, digits + 24, (size_t)zn);
+        put(&p, suffix);
+        Py_XDECREF(sq_obj);
+        Py_DECREF(h);
+        int rc = PyList_Append(lines, line);
+        Py_DECREF(line);
+        if (rc < 0)
+            goto error;
+    }
+    Py_XDECREF(parts);
+    return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(parts);
+    return NULL;
+}
+
+/* Append n bytes to a bytearray (amortised growth: PyByteArray_Resize over-allocates). */
+static int
+ba_append(PyObject *ba, const void *data, Py_ssize_t n)
+{
+    Py_ssize_t old = PyByteArray_GET_SIZE(ba);
+    if (n > PY_SSIZE_T_MAX - old) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyByteArray_Resize(ba, old + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(ba) + old, data, (size_t)n);
+    return 0;
+}
+
+/* routelog_columns(batch, start, cols, parts_of, seq_value) -> index
+ *
+ * The Parquet routing log's per-message columns (broker/observability/
+ * routelog/columns.py: ColumnBuffer.observe_py is the reference, and
+ * tests/observability/routelog/test_speedups.py compares the two).  Appends,
+ * for batch[start], batch[start + 1], ..., to the bytearrays of ``cols`` =
+ * (times, sizes, keys, seq_ends, seq_data): the routing time in Unix
+ * microseconds and the frame size (native int64), the key of the message's
+ * cached parts (native int32: ``parts_of(routed)[0]``, called again only
+ * when the sender or the recipient tuple changes), and the seq as UTF-8
+ * with its end offset (int32).  A seq that is not plain digits comes from
+ * ``seq_value(seq)`` (a str).  Returns the index of the first message it
+ * left to Python (len when none).
+ */
+static PyObject *
+routelog_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[2])
+        || PyTuple_GET_SIZE(args[2]) != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "routelog_columns(list, int, (5 bytearrays), callable, callable)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *cols = args[2], *parts_of = args[3], *seq_value = args[4];
+    for (int c = 0; c < 5; c++) {
+        if (!PyByteArray_CheckExact(PyTuple_GET_ITEM(cols, c))) {
+            PyErr_SetString(PyExc_TypeError, "routelog_columns: cols must be bytearrays");
+            return NULL;
+        }
+    }
+    PyObject *times = PyTuple_GET_ITEM(cols, 0), *sizes = PyTuple_GET_ITEM(cols, 1);
+    PyObject *keys = PyTuple_GET_ITEM(cols, 2), *ends = PyTuple_GET_ITEM(cols, 3);
+    PyObject *data = PyTuple_GET_ITEM(cols, 4);
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    PyObject *last_sender = NULL, *last_recips = NULL, *parts = NULL;
+    int32_t key = 0;
+    for (; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *sender = attr(r, s_sender);
+        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+        if (recips == NULL) {
+            Py_XDECREF(sender);
+            goto error;
+        }
+        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+                    && sender == last_sender && recips == last_recips;
+        if (!reuse) {
+            Py_XDECREF(parts);
+            parts = PyObject_CallOneArg(parts_of, r);
+            if (parts == NULL) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                goto error;
+            }
+            long k = -1;
+            if (PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) >= 2
+                && PyLong_CheckExact(PyTuple_GET_ITEM(parts, 0)))
+                k = PyLong_AsLong(PyTuple_GET_ITEM(parts, 0));
+            if (k < 0 || k > INT32_MAX) {
+                PyErr_Clear();
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                break; /* unexpected: Python handles this one */
+            }
+            key = (int32_t)k;
+            /* Identities are kept only while parts holds the recipient tuple
+             * (its second item); the sender stays attached meanwhile. */
+            last_sender = sender;
+            last_recips = recips;
+        }
+        Py_DECREF(sender);
+        Py_DECREF(recips);
+
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            break;
+        }
+        double us = PyFloat_AS_DOUBLE(t) * 1e6;
+        Py_DECREF(t);
+        if (!(us > -9.0e18 && us < 9.0e18))
+            break; /* NaN, inf, out of range: Python says what happens */
+        int64_t time_us = (int64_t)us; /* truncation, as int() */
+
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        Py_ssize_t fsize = PyObject_Length(f);
+        Py_DECREF(f);
+        if (fsize < 0)
+            goto error;
+        int64_t size = (int64_t)fsize;
+
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto error;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            break;
+        }
+        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+        if (seq == NULL && PyErr_Occurred()) {
+            Py_DECREF(h);
+            goto error;
+        }
+        const char *sq = NULL;
+        Py_ssize_t sq_len = 0;
+        PyObject *sq_obj = NULL;
+        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+            const char *b = PyBytes_AS_STRING(seq);
+            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
+            while (k < m && b[k] >= '0' && b[k] <= '9')
+                k++;
+            if (k == m) {
+                sq = b;
+                sq_len = m;
+            }
+        }
+        if (sq == NULL) {
+            sq_obj = PyObject_CallOneArg(seq_value, seq != NULL ? seq : Py_None);
+            if (sq_obj == NULL) {
+                Py_DECREF(h);
+                goto error;
+            }
+            if (!PyUnicode_CheckExact(sq_obj)
+                || (sq = PyUnicode_AsUTF8AndSize(sq_obj, &sq_len)) == NULL) {
+                PyErr_Clear();
+                Py_DECREF(sq_obj);
+                Py_DECREF(h);
+                break;
+            }
+        }
+        Py_ssize_t end = PyByteArray_GET_SIZE(data) + sq_len;
+        int rc = end > INT32_MAX ? 1 : 0;
+        if (rc) {
+            Py_XDECREF(sq_obj);
+            Py_DECREF(h);
+            break; /* the caller hands off before 2 GiB of seqs; Python raises */
+        }
+        int32_t end32 = (int32_t)end;
+        rc = ba_append(data, sq, sq_len);
+        Py_XDECREF(sq_obj);
+        Py_DECREF(h);
+        if (rc < 0 || ba_append(times, &time_us, 8) < 0 || ba_append(sizes, &size, 8) < 0
+            || ba_append(keys, &key, 4) < 0 || ba_append(ends, &end32, 4) < 0)
+            goto error;
+    }
+    Py_XDECREF(parts);
+    return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(parts);
+    return NULL;
+}
+
+/* batch_key(batch, server) -> (group, instance, to, one_run), None or NotImplemented.
+ *
+ * The reference (batch_key_py) first compares every message's server with
+ * ``server`` (None on a difference), then takes every header's group,
+ * instance and to (raising on a missing one), then compares the keys (None
+ * on a difference).  This loop does the same in one pass: a server
+ * difference ends it with None; after a key difference it goes on checking
+ * servers and that every key is present, so it answers None exactly when
+ * the reference does, and NotImplemented where the reference would raise. */
+static PyObject *
+batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1]))
+        return not_here();
+    PyObject *server = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (n == 0)
+        return not_here(); /* the reference raises IndexError */
+    /* A copy holds the messages: a comparison (Python code, for a server that
+     * is not an int) cannot free one by changing the caller's list. */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n);
+    if (batch == NULL)
+        return NULL;
+    PyObject *key[3] = {NULL, NULL, NULL};
+    PyObject *const tags[3] = {t_group, t_instance, t_to};
+    PyObject *result = NULL;
+    int differs = 0, raises = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *s = attr(r, s_server);
+        if (s == NULL)
+            goto done;
+        int eq = s == server ? 1 : PyObject_RichCompareBool(s, server, Py_EQ);
+        Py_DECREF(s);
+        if (eq < 0)
+            goto done;
+        if (eq == 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (raises)
+            continue; /* only a server difference can still change the answer */
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto done;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            raises = 1;
+            continue;
+        }
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyDict_GetItemWithError(h, tags[k]); /* borrowed */
+            if (v == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(h);
+                    goto done;
+                }
+                raises = 1;
+                break;
+            }
+            if (i == 0) {
+                key[k] = Py_NewRef(v);
+            } else if (!differs) {
+                Py_INCREF(v); /* held through a comparison that may run Python code */
+                eq = same_bytes(v, key[k]);
+                Py_DECREF(v);
+                if (eq < 0) {
+                    Py_DECREF(h);
+                    goto done;
+                }
+                differs = !eq;
+            }
+        }
+        Py_DECREF(h);
+    }
+    if (raises) {
+        result = not_here();
+        goto done;
+    }
+    if (differs) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    long long s0, first, s1, last;
+    int rc;
+    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
+    if ((rc = long_of(head, s_session, &s0)) || (rc = long_of(head, s_instance, &first))
+        || (rc = long_of(tail, s_session, &s1)) || (rc = long_of(tail, s_instance, &last))) {
+        result = rc < 0 ? NULL : not_here();
+        goto done;
+    }
+    /* last - first == n - 1 without signed overflow. */
+    int one_run = s0 == s1 && last >= first
+                  && (unsigned long long)last - (unsigned long long)first
+                         == (unsigned long long)(n - 1);
+    result = PyTuple_Pack(4, key[0], key[1], key[2], one_run ? Py_True : Py_False);
+done:
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(key[k]);
+    Py_DECREF(batch);
+    return result;
+}
+
+/* run_parts(batch) -> (frames, ends, stamps, largest) or NotImplemented; see
+ * run_parts_py.  Frames must be bytes and timestamps floats (else the
+ * reference runs); the stamps are the doubles' bytes, little-endian. */
+static PyObject *
+run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_CheckExact(args[0]))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* the stamps travel little-endian: the reference packs them */
+#else
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (n == 0 || n > PY_SSIZE_T_MAX / 8)
+        return not_here(); /* the reference raises on an empty batch */
+    PyObject *batch = PyList_GetSlice(args[0], 0, n); /* holds the messages (see batch_key) */
+    if (batch == NULL)
+        return NULL;
+    PyObject *frames = PyList_New(n), *ends = PyList_New(n);
+    PyObject *stamps = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (frames == NULL || ends == NULL || stamps == NULL)
+        goto error;
+    char *out = PyBytes_AS_STRING(stamps);
+    Py_ssize_t total = 0, largest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        PyList_SET_ITEM(frames, i, f); /* the list owns it (NULL items are freed safely) */
+        if (!PyBytes_CheckExact(f))
+            goto declined;
+        Py_ssize_t size = PyBytes_GET_SIZE(f);
+        if (size > largest)
+            largest = size;
+        total += size + 8; /* frames in memory: their sum cannot near PY_SSIZE_T_MAX */
+        PyObject *end = PyLong_FromSsize_t(total);
+        if (end == NULL)
+            goto error;
+        PyList_SET_ITEM(ends, i, end);
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            goto declined;
+        }
+        double d = PyFloat_AS_DOUBLE(t);
+        Py_DECREF(t);
+        memcpy(out + 8 * i, &d, 8);
+    }
+    Py_DECREF(batch);
+    return Py_BuildValue("(NNNn)", frames, ends, stamps, largest);
+declined:
+    Py_DECREF(batch);
+    Py_DECREF(frames);
+    Py_DECREF(ends);
+    Py_DECREF(stamps);
+    return not_here();
+error:
+    Py_DECREF(batch);
+    Py_XDECREF(frames);
+    Py_XDECREF(ends);
+    Py_XDECREF(stamps);
+    return NULL;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
+     "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
+     "left to Python (see broker/observability/routelog/record.py)."},
+    {"routelog_columns", (PyCFunction)(void (*)(void))routelog_columns, METH_FASTCALL,
+     "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first message "
+     "left to Python (see broker/observability/routelog/columns.py)."},
+    {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
+     "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
+     "(see broker/cluster/subject_runs.py)."},
+    {"run_parts", (PyCFunction)(void (*)(void))run_parts, METH_FASTCALL,
+     "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
+     "(see broker/cluster/subject_runs.py)."},
+    {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
+     "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
+     "one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "broker._observer_speedups",
+    "Compiled per-message work of the router's observers (see broker/store/batch_rows.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__observer_speedups(void)
+{
+    if (!(s_header = PyUnicode_InternFromString("header"))
+        || !(s_frame = PyUnicode_InternFromString("frame"))
+        || !(s_timestamp = PyUnicode_InternFromString("timestamp"))
+        || !(s_delivered = PyUnicode_InternFromString("delivered"))
+        || !(s_session = PyUnicode_InternFromString("session"))
+        || !(s_instance = PyUnicode_InternFromString("instance"))
+        || !(t_group = PyBytes_FromString("group"))
+        || !(t_instance = PyBytes_FromString("instance"))
+        || !(t_seq = PyBytes_FromString("seq"))
+        || !(s_sender = PyUnicode_InternFromString("sender"))
+        || !(s_recipients = PyUnicode_InternFromString("recipients"))
+        || !(s_server = PyUnicode_InternFromString("server"))
+        || !(t_to = PyBytes_FromString("to")))
+        return NULL;
+    return PyModule_Create(&module);
+}

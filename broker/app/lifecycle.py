@@ -1,0 +1,169 @@
+"""Start every service, print the ``listening`` lines, stop gracefully on a signal."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import Callable
+
+import trio
+
+from broker.app.reload import reload_config
+from broker.app.services import services
+from broker.core.router import Router
+from broker.serving.config import Config, build_authenticator
+from broker.serving.context import BrokerContext
+from broker.serving.fdlimit import apply_descriptor_limit
+from broker.serving.scheduling import set_thread_slice
+from broker.serving.transport import probe_listen
+from broker.store import Store
+from broker.store.heap import return_large_frames
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """A service could not start; the message names it and its address or file."""
+
+    @classmethod
+    def of(cls, name: str, config: Config, exc: OSError) -> StartupError:
+        reason = exc.strerror or str(exc)
+        reason = reason[:1].lower() + reason[1:]
+        section = getattr(config, name, None)
+        if section is None or not hasattr(section, "port"):
+            return cls(f"cannot start {name}: {reason}")
+        host = getattr(section, "host", None) or config.broker.host
+        where = f"{name} listener on {host}:{section.port}"
+        for key in ("tls_cert", "tls_key"):
+            path = getattr(section, key, None)
+            if path and (exc.filename == path or not os.access(path, os.R_OK)):
+                return cls(f"cannot start {where}: {name}.{key} {path}: {reason}")
+        if isinstance(exc, ssl.SSLError):
+            return cls(f"cannot start {where}: TLS certificate or key refused: {exc}")
+        return cls(f"cannot start {where}: {reason}")
+
+
+def new_router(config: Config) -> Router:
+    """The router; in a cluster its lnames name this broker (``HOST/SERVER_ID``)."""
+    b = config.broker
+    limits = {"max_subscriptions": b.max_subscriptions, "max_frame": b.max_frame}
+    if config.cluster.enabled:
+        return Router(hostname=f"{socket.gethostname()}/{b.server_id}", server_id=b.server_id,
+                      **limits)
+    return Router(server_id=b.server_id, **limits)
+
+
+# Services that listen on a port of their own config section.
+LISTENING_SERVICES = ("skan", "hsp", "eventer", "mariner", "metrics")
+
+
+async def _probe_ports(config: Config, names: tuple[str, ...]) -> None:
+    """Every listener's port can be bound, checked before any service starts:
+    the routing log and the store create their directories as they start, and
+    a broker that cannot listen must leave nothing behind."""
+    for name in LISTENING_SERVICES:
+        if name not in names:
+            continue
+        section = getattr(config, name)
+        host = getattr(section, "host", None) or config.broker.host
+        reuse = config.broker.reuse_port and name != "metrics"
+        try:
+            await probe_listen(host, section.port, reuse_port=reuse)
+        except OSError as exc:
+            raise StartupError.of(name, config, exc) from exc
+
+
+def _print_ready(lines: list[str]) -> None:
+    for line in lines:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def run(
+    config: Config,
+    *,
+    ready: Callable[[list[str]], None] = _print_ready,
+    stop: trio.Event | None = None,
+    ctx_out: list[BrokerContext] | None = None,
+    reload: Callable[[], Config] | None = None,
+) -> None:
+    """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return.
+
+    SIGHUP calls ``reload`` for a fresh configuration and applies it (see
+    :mod:`broker.app.reload`).
+    """
+    config = apply_descriptor_limit(config)
+    return_large_frames()
+    enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
+    ctx = BrokerContext(config=config, router=new_router(config),
+                        services=tuple(name for name, _ in enabled), reload=reload)
+    ctx.router.auth = build_authenticator(config)
+    try:
+        await _run(config, ctx, enabled, ready, stop, ctx_out)
+    finally:
+        if isinstance(ctx.retention, Store):
+            # Commit what is queued (a graceful stop loses nothing).
+            ctx.retention.close()
+
+
+async def _run(config: Config, ctx: BrokerContext, enabled: list,
+               ready: Callable[[list[str]], None], stop: trio.Event | None,
+               ctx_out: list[BrokerContext] | None) -> None:
+    if ctx_out is not None:
+        ctx_out.append(ctx)
+    if stop is None:
+        stop = trio.Event()
+    await _probe_ports(config, ctx.services)
+    async with trio.open_nursery() as outer:
+        ctx.conn_nursery = outer
+        async with trio.open_nursery() as svc_nursery:
+            lines = []
+            for name, serve in enabled:
+                try:
+                    addrs = await svc_nursery.start(serve, ctx)
+                except OSError as exc:
+                    raise StartupError.of(name, config, exc) from exc
+                log.info("service %s started", name)
+                lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]
+            ready(lines)
+            # Everything allocated during start-up lives as long as the process:
+            # move it out of the collector's way so full collections stay short.
+            gc.collect()
+            gc.freeze()
+            if config.broker.routing_slice:
+                set_thread_slice(config.broker.routing_slice)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+
+                async def wait_signal() -> None:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            reload_config(ctx)
+                            continue
+                        log.info("received %s, stopping", signal.Signals(signum).name)
+                        stop.set()
+                        return
+
+                svc_nursery.start_soon(wait_signal)
+                await stop.wait()
+                # 1. no new connections, bridges stop
+                svc_nursery.cancel_scope.cancel()
+        # 2. tell peers, then drain every connection's queue and close it
+        for hook in ctx.on_stopping:
+            try:
+                hook()
+            except Exception:
+                log.exception("stopping hook failed")
+        ctx.connections.stop_all()
+        with trio.move_on_after(config.broker.drain_timeout + 1):
+            while len(ctx.connections):
+                await trio.sleep(0.01)
+        outer.cancel_scope.cancel()
+    # 3. flush what must survive the process (routing log)
+    for hook in ctx.on_stopped:
+        with trio.CancelScope(shield=True):
+            await hook()

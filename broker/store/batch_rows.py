@@ -1,0 +1,204 @@
+"""Runs: consecutive routed messages of one type and one session, stored as one row.
+
+A busy publisher's received chunk is one routing batch (one Hat session)
+of often thousands of messages of the same type.  Writing each as its own
+indexed row costs the writer about as much CPU as routing it; writing the
+run as one row (timestamps, delivery counts and frame offsets as packed
+arrays, the frames concatenated) costs a fraction, and the indexes stay
+exact: every event of a run has the run's type, and the run's first and
+last events are its smallest and largest in (timestamp, session,
+instance) order, because a run only grows while timestamps do not go back.
+
+A message with a source timestamp is a run of its own (its source
+timestamp is indexed), and runs are bounded in events, bytes and time span
+(:data:`MAX_RUN`, :data:`MAX_RUN_BYTES`, :data:`MAX_RUN_SPAN`) so reading
+one for a query or a replay page stays cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator
+from itertools import accumulate, islice, repeat
+from operator import attrgetter, contains, itemgetter, le
+from typing import TYPE_CHECKING
+
+from broker.core.events import SOURCE_TIMESTAMP_TAG
+from broker.core.retention import Entry
+from wire.skan.codec import PURE_PYTHON
+
+if TYPE_CHECKING:
+    from broker.core.router import Routed
+
+# Events in one run: bounds the work of decoding a run that a query needs
+# only a few events of.
+MAX_RUN = 4096
+# Frame bytes in one run (one message may exceed it and is a run alone).
+MAX_RUN_BYTES = 1 << 20
+# Seconds between a run's first and last timestamps: a query for events
+# after time t need only look at runs that began after t - MAX_RUN_SPAN.
+MAX_RUN_SPAN = 1.0
+
+_SWAP = sys.byteorder != "little"  # arrays are stored little-endian
+
+
+def pack(kind: str, values: list) -> bytes:
+    a = array(kind, values)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack(kind: str, data: bytes) -> array:
+    a = array(kind)
+    a.frombytes(data)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        a.byteswap()
+    return a
+
+
+class RunBuilder:
+    """Collects one run in the writer thread."""
+
+    __slots__ = (
+        "delivered",
+        "first",
+        "frames",
+        "grp",
+        "inst",
+        "last",
+        "nbytes",
+        "session",
+        "src",
+        "ts",
+    )
+
+    def __init__(self, session: int, instance: int, grp: bytes, inst: bytes, src: int | None,
+                 ts: float, delivered: int, frame: bytes) -> None:
+        self.session = session
+        self.first = self.last = instance
+        self.grp = grp
+        self.inst = inst
+        self.src = src
+        self.ts = [ts]
+        self.delivered = [delivered]
+        self.frames = [frame]
+        self.nbytes = len(frame)
+
+    def takes(self, session: int, instance: int, grp: bytes, inst: bytes, ts: float,
+              size: int) -> bool:
+        return (self.src is None and session == self.session and instance == self.last + 1
+                and grp == self.grp and inst == self.inst and ts >= self.ts[-1]
+                and ts - self.ts[0] <= MAX_RUN_SPAN and len(self.ts) < MAX_RUN
+                and self.nbytes + size <= MAX_RUN_BYTES)
+
+    def add(self, instance: int, ts: float, delivered: int, frame: bytes) -> None:
+        self.last = instance
+        self.ts.append(ts)
+        self.delivered.append(delivered)
+        self.frames.append(frame)
+        self.nbytes += len(frame)
+
+    def row(self) -> tuple:
+        offsets = [0]
+        total = 0
+        for f in self.frames:
+            total += len(f)
+            offsets.append(total)
+        return (self.session, self.first, self.last, self.grp, self.inst, self.ts[0],
+                self.ts[-1], self.src, self.nbytes, pack("d", self.ts),
+                pack("q", self.delivered), pack("q", offsets), b"".join(self.frames))
+
+
+_header = attrgetter("header")
+_frame = attrgetter("frame")
+_timestamp = attrgetter("timestamp")
+_delivered = attrgetter("delivered")
+_group = itemgetter(b"group")
+_instance = itemgetter(b"instance")
+
+
+def batch_row_py(batch: list[Routed]) -> tuple | None:
+    """The row of a routing batch that is one run, or None when it is not.
+
+    A publisher's received chunk is one batch: one session, consecutive
+    instances, usually one type throughout.  Then every per-message step
+    here is a C-level call over the list (no Python code per message), and
+    the row equals what :class:`RunBuilder` builds from the same messages.
+    Anything else (several types, a source timestamp, a clock that went
+    back, a bound exceeded) is None: the caller builds runs message by
+    message.
+    """
+    n = len(batch)
+    first, last = batch[0], batch[-1]
+    session = first.session
+    if (n > MAX_RUN or last.session != session
+            or last.instance - first.instance != n - 1):  # instances only grow
+        return None
+    headers = list(map(_header, batch))
+    if any(map(contains, headers, repeat(SOURCE_TIMESTAMP_TAG, n))):
+        return None
+    grp, inst = headers[0][b"group"], headers[0][b"instance"]
+    if n > 1 and (list(map(_group, headers)).count(grp) != n
+                  or list(map(_instance, headers)).count(inst) != n):
+        return None
+    ts = list(map(_timestamp, batch))
+    if ts[-1] - ts[0] > MAX_RUN_SPAN or not all(map(le, ts, islice(ts, 1, None))):
+        return None
+    frames = list(map(_frame, batch))
+    offsets = [0]
+    offsets += accumulate(map(len, frames))
+    nbytes = offsets[-1]
+    if nbytes > MAX_RUN_BYTES and n > 1:
+        return None
+    return (session, first.instance, last.instance, grp, inst, ts[0], ts[-1], None, nbytes,
+            pack("d", ts), pack("q", list(map(_delivered, batch))), pack("q", offsets),
+            b"".join(frames))
+
+
+# broker/_observer_speedups.c computes the same row in one C loop (no Python code and
+# no temporary lists per message); batch_row_py above is the reference and
+# the fallback (SKAN_PURE_PYTHON=1, no compiler, or an argument the C code
+# leaves to it by returning NotImplemented).
+BATCH_ROW_IMPLEMENTATION = "python"
+_batch_row_c = None
+if not PURE_PYTHON:
+    try:
+        from broker._observer_speedups import batch_row as _batch_row_c
+    except ImportError:  # pragma: no cover - built without a compiler
+        _batch_row_c = None
+    else:
+        BATCH_ROW_IMPLEMENTATION = "c"
+
+
+def batch_row(batch: list[Routed]) -> tuple | None:
+    """The row of a routing batch that is one run, or None (see :func:`batch_row_py`)."""
+    if _batch_row_c is not None:
+        row = _batch_row_c(batch, SOURCE_TIMESTAMP_TAG, MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN)
+        if row is not NotImplemented:
+            return row
+    return batch_row_py(batch)
+
+
+# Columns a reader selects to decode a run (see decode()).
+RUN_COLUMNS = "session, first, last, grp, inst, ts, delivered, offsets, frames, src_us"
+
+
+def decode(row: tuple, after: tuple[int, int] | None = None, reverse: bool = False
+           ) -> Iterator[tuple[Entry, int | None]]:
+    """(entry, source µs) of a run's events after EventId ``after``, in order or reversed."""
+    session, first, last, grp, inst, ts_b, delivered_b, offsets_b, frames, src = row
+    ts = unpack("d", ts_b)
+    delivered = unpack("q", delivered_b)
+    offsets = unpack("q", offsets_b)
+    start = 0
+    if after is not None:
+        if after[0] > session or (after[0] == session and after[1] >= last):
+            return
+        if after[0] == session and after[1] >= first:
+            start = after[1] - first + 1
+    indexes = range(last - first, start - 1, -1) if reverse else range(start, last - first + 1)
+    for i in indexes:
+        yield (session, first + i, ts[i], frames[offsets[i]:offsets[i + 1]], delivered[i], grp,
+               inst), src

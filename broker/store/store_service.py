@@ -1,0 +1,54 @@
+"""The ``store`` service: open the durable store (or the in-memory ring) before the listeners.
+
+It runs right after the routing log (so an unusable log directory is
+reported as such first) and before anything can route: the store continues
+the router's session numbering from what it reserved before.  The broker
+closes it after connections have drained (``broker.app.lifecycle``), so a
+graceful stop commits everything.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import trio
+
+from broker.core.retention import RetentionStore
+from broker.core.router import Router
+from broker.serving.config import Config
+from broker.serving.context import BrokerContext
+from broker.serving.scheduling import lower_thread_priority
+from broker.store.store import Store, default_dir
+
+log = logging.getLogger(__name__)
+
+
+def open_retention(config: Config, router: Router) -> Store | RetentionStore:
+    """The durable store, or the in-memory ring when ``[store] enabled = false``.
+
+    A store that cannot be used raises StoreError (an OSError naming the path
+    and the reason) before anything listens: never silently emptied.
+    """
+    ret = config.retention
+    if not config.store.enabled:
+        ring = RetentionStore(ret.size, ret.max_bytes, ret.max_age)
+        ring.attach(router)
+        return ring
+    directory = config.store.dir or default_dir(config.log.dir)
+    started = time.monotonic()
+    store = Store(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
+                  flush_interval=config.store.flush_interval,
+                  spool_max_bytes=config.store.spool_max_bytes)
+    store.attach(router)
+    store.start(trio.lowlevel.current_trio_token().run_sync_soon,
+                functools.partial(lower_thread_priority, config.broker.writer_nice))
+    log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",
+             store.path, time.monotonic() - started, store.count, router.session)
+    return store
+
+
+async def serve_store(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    ctx.retention = open_retention(ctx.config, ctx.router)
+    task_status.started([])
