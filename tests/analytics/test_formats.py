@@ -47,6 +47,7 @@ def tick_labels(axis) -> list[str]:
     return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
 
 
+@pytest.mark.spark
 def test_report_reads_parquet_and_jsonl_and_says_what_it_left_out(spark, tmp_path):
     want = small_log(tmp_path / "log")
     inv = logfiles.scan([str(tmp_path / "log")])
@@ -108,6 +109,7 @@ def test_partial_minutes():
     assert render.partial_minutes(rows, m, m + 179.9 * s) == (False, False)
 
 
+@pytest.mark.spark
 def test_several_brokers_count_each_message_once(spark, tmp_path):
     # Broker 1 routed the messages (2 local copies each); broker 2 received
     # them from the backplane ("cluster") and delivered 1 copy each.
@@ -137,6 +139,7 @@ def stream_totals(spark, out: str) -> dict[str, int]:
             df.groupBy("group").agg(F.sum("messages").alias("messages")).collect()}
 
 
+@pytest.mark.spark
 def test_stream_once_counts_every_record_and_prints_its_summary_last(spark, tmp_path, capsys):
     log = tmp_path / "log"
     write_parquet(log, [record(T0 + i * 1_000_000, "a") for i in range(30)], counter=1)
@@ -166,6 +169,7 @@ def test_stream_refuses_the_old_stateful_layout(tmp_path):
         stream.check_layout(str(tmp_path / "ck"), str(tmp_path / "out"))
 
 
+@pytest.mark.spark
 def test_the_command_leaves_no_spark_log_and_prints_the_note(tmp_path):
     small_log(tmp_path / "log")
     scratch = tmp_path / "tmp"
