@@ -48,6 +48,7 @@ from broker.store.retained_query import (
     run_store_query,
 )
 from wire import eventer as w
+from wire.errors import MalformedError, ProtocolError
 from wire.eventer.messages import query_params_from_sbs, query_params_to_sbs
 
 SERVER = 7
@@ -82,11 +83,12 @@ def encode_request(params: w.QueryParams) -> bytes:
 
 
 def decode_request(payload: bytes) -> w.QueryParams:
-    """Raises ValueError for anything that is not a request this module wrote."""
+    """Raises MalformedError for anything that is not a request this module wrote."""
     try:
         return query_params_from_sbs(json.loads(payload)["query"])
-    except (KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
-        raise ValueError(f"bad cluster query: {exc!r}") from None
+    except (KeyError, TypeError, IndexError, AttributeError, RecursionError, ValueError,
+            ProtocolError) as exc:
+        raise MalformedError(f"bad cluster query: {exc!r}") from None
 
 
 # This broker's own answer to a query (no permission filter: the asker applies it).
@@ -131,20 +133,20 @@ def encode_answer(answer: Gathered, max_bytes: int) -> bytes:
 
 
 def decode_answer(data: bytes) -> Gathered:
-    """Raises ValueError for bytes that are not an answer :func:`encode_answer` wrote."""
+    """Raises MalformedError for bytes that are not an answer :func:`encode_answer` wrote."""
     if not data or data[:1] not in (b"\x00", _MORE):
-        raise ValueError("bad cluster answer")
+        raise MalformedError("bad cluster answer")
     entries = []
     at = 1
     view = memoryview(data)
     while at < len(data):
         if at + _ENTRY.size > len(data):
-            raise ValueError("truncated cluster answer")
+            raise MalformedError("truncated cluster answer")
         server, session, instance, ts, delivered, nf, ng, ni = _ENTRY.unpack_from(view, at)
         at += _ENTRY.size
         end = at + nf + ng + ni
         if end > len(data):
-            raise ValueError("truncated cluster answer")
+            raise MalformedError("truncated cluster answer")
         frame = bytes(view[at:at + nf])
         group = bytes(view[at + nf:at + nf + ng])
         name = bytes(view[at + nf + ng:end])

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.cluster.subjects import _SAFE
+from wire.errors import MalformedError
 
 SUBJECT = b"skc.int"
 MAGIC = b"SKI"
@@ -58,12 +59,12 @@ def escape(group: bytes) -> bytes:
 
 
 def unescape(token: bytes) -> bytes:
-    """The group of a token (ValueError when it is not one :func:`escape` writes)."""
+    """The group of a token (MalformedError when it is not one :func:`escape` writes)."""
     if token == b"%":
         return b""
     if b"%" not in token:
         if not all(b in _SAFE for b in token):
-            raise ValueError("bad interest token")
+            raise MalformedError("bad interest token")
         return token
     out = bytearray()
     i, n = 0, len(token)
@@ -72,14 +73,14 @@ def unescape(token: bytes) -> bytes:
         if b == 0x25:  # %
             pair = token[i + 1:i + 3]
             if len(pair) != 2 or not _HEX.issuperset(pair):
-                raise ValueError("bad interest token")
+                raise MalformedError("bad interest token")
             out.append(int(pair, 16))
             i += 3
         elif b in _SAFE:
             out.append(b)
             i += 1
         else:
-            raise ValueError("bad interest token")
+            raise MalformedError("bad interest token")
     return bytes(out)
 
 
@@ -188,19 +189,19 @@ class RemoteInterest:
 
     def receive(self, payload: bytes, now: float) -> bool:
         """Apply one interest message.  True when it is a complete ``hello`` (its
-        sender wants our full set now).  ValueError when it is malformed (the
+        sender wants our full set now).  MalformedError when it is malformed (the
         sender's interest then counts as unknown, if the sender can be told)."""
         nl = payload.find(b"\n")
         head = (payload if nl < 0 else payload[:nl]).split(b" ")
         if len(head) < 4 or head[0] != MAGIC or not head[1].isdigit() or not head[2].isdigit():
-            raise ValueError("bad interest message")
+            raise MalformedError("bad interest message")
         server, seq, kind = int(head[1]), int(head[2]), head[3]
         if server == self.server_id:
             return False
         try:
             return self._apply(server, seq, kind, head[4:], payload[nl + 1:] if nl >= 0 else b"",
                                now)
-        except ValueError:
+        except MalformedError:
             self._forget_set(server)
             raise
         finally:
@@ -213,15 +214,15 @@ class RemoteInterest:
         self._heard[server] = now
         tokens = body.split(b"\n")
         if tokens[-1] != b"":
-            raise ValueError("interest message not ending in a newline")
+            raise MalformedError("interest message not ending in a newline")
         del tokens[-1]
         known = self._known.get(server)
         if kind in (HELLO, FULL):
             if len(args) != 2 or not args[0].isdigit() or not args[1].isdigit():
-                raise ValueError("bad full interest header")
+                raise MalformedError("bad full interest header")
             part, parts = int(args[0]), int(args[1])
             if not 0 <= part < parts:
-                raise ValueError("bad full interest part")
+                raise MalformedError("bad full interest part")
             if part == 0:
                 if known is None:
                     known = _Known()
@@ -251,7 +252,7 @@ class RemoteInterest:
             self._unknown.discard(server)
             return kind == HELLO
         if kind not in (ADD, DROP) or len(tokens) != 1:
-            raise ValueError("bad interest delta")
+            raise MalformedError("bad interest delta")
         if known is None or known.pending is not None or seq != known.seq + 1:
             self._forget_set(server)  # deltas only apply to a complete, gap-free set
             return False

@@ -21,6 +21,7 @@ from broker.cluster import cluster_query as cq
 from broker.cluster.backplane import Backplane
 from broker.core.queue import OutQueue
 from wire import nats
+from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class ClusterLink:
             return  # too late: that query has answered already
         try:
             state[1].append(cq.decode_answer(msg.payload))
-        except ValueError as exc:
+        except ProtocolError as exc:
             self.backplane.count_malformed(
                 f"bad query answer on {msg.subject.decode(errors='replace')}: {exc}")
         state[0] -= 1
@@ -154,7 +155,7 @@ class ClusterLink:
             return
         try:
             params = cq.decode_request(msg.payload)
-        except ValueError as exc:
+        except ProtocolError as exc:
             self.backplane.count_malformed(f"bad query request: {exc}")
             return
         if local is None:

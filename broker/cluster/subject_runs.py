@@ -18,6 +18,7 @@ from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from wire import nats
+from wire.errors import MalformedError
 from wire.skan.codec import PURE_PYTHON
 from wire.skan.framing import split_frames
 
@@ -53,31 +54,31 @@ def parse_origin(headers: bytes) -> tuple[int, int, int, int]:
     else:
         found = nats.parse_headers(headers).get(ORIGIN_HEADER)
         if found is None:
-            raise ValueError("message without Skan-Run header")
+            raise MalformedError("message without Skan-Run header")
         value = found
     parts = value.split()
     if len(parts) != 4 or not all(p.isdigit() and len(p) <= 20 for p in parts):
-        raise ValueError("bad Skan-Run header")
+        raise MalformedError("bad Skan-Run header")
     server, session, first, count = map(int, parts)
     if count < 1:
-        raise ValueError("bad Skan-Run header")
+        raise MalformedError("bad Skan-Run header")
     return server, session, first, count
 
 
 def unpack_run(msg: nats.Msg) -> tuple[int, int, int, tuple[float, ...], list[bytes]]:
     """(server, session, first instance, timestamps, frames) of one run from NATS;
-    ValueError (or a ProtocolError) when it is not a well-formed run."""
+    MalformedError (a ProtocolError) when it is not a well-formed run."""
     if msg.headers is None:
-        raise ValueError("message without Skan-Run header")
+        raise MalformedError("message without Skan-Run header")
     server, session, first, count = parse_origin(msg.headers)
     payload = msg.payload
     at = STAMP * count
     if len(payload) < at:
-        raise ValueError("run shorter than its timestamps")
+        raise MalformedError("run shorter than its timestamps")
     stamps = struct.unpack_from(f"<{count}d", payload)
     frames, stop, bad, _need = split_frames(payload, at, len(payload))
     if bad >= 0 or stop != len(payload) or len(frames) != count:
-        raise ValueError(f"run of {count} messages does not hold {count} Skan frames")
+        raise MalformedError(f"run of {count} messages does not hold {count} Skan frames")
     return server, session, first, stamps, frames
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from broker.cluster import cluster_query as cq
 from wire import eventer as w
+from wire.errors import MalformedError
 from wire.skan import encode_frame
 
 
@@ -73,12 +74,12 @@ def test_answer_round_trip_and_the_size_bound():
 @pytest.mark.parametrize("data", [b"", b"\x02", b"\x00" + b"\x01" * 10,
                                   cq.encode_answer(cq.Gathered(A, False), 1 << 20)[:-1]])
 def test_malformed_answers_are_refused(data):
-    with pytest.raises(ValueError):
+    with pytest.raises(MalformedError):
         cq.decode_answer(data)
 
 
 @pytest.mark.parametrize("data", [b"", b"{}", b'{"query": 5}', b'{"query": ["latest"]}',
                                   b'{"query": ["timeseries", {"order": ["sideways", null]}]}'])
 def test_malformed_requests_are_refused(data):
-    with pytest.raises(ValueError):
+    with pytest.raises(MalformedError):
         cq.decode_request(data)

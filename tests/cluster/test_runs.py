@@ -12,6 +12,7 @@ from broker.cluster.subject_runs import RUN_BYTES, encode_run, pack_stamps, pars
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats, parse_commands
 from wire import nats
+from wire.errors import ProtocolError
 from wire.skan import decode_header, encode_frame
 
 
@@ -185,6 +186,6 @@ def test_unpack_refuses_what_is_not_a_run():
     ]:
         try:
             unpack_run(nats.Msg(b"s", b"1", None, payload, headers))
-        except ValueError:
+        except ProtocolError:
             continue
         raise AssertionError(f"accepted {headers!r} {payload!r}")
