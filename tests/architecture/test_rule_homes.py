@@ -1,0 +1,92 @@
+"""docs/architecture.md "One home per rule": each rule's home exists and is the only one.
+
+For each row, every file named must exist and define the names after it
+(``Class.method`` allowed); a top-level name must be defined in no other
+module of the broker or wire/, so a second copy of
+the rule under the same name fails here.  Also the "Where each rule of the
+specification lives" table: every file and name it gives exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "architecture.md"
+# The broker and its codecs (toolkit and clients hold command-line parsers of
+# other rules, e.g. cliutil.event_type reads "a/b/c" from a command line).
+PRODUCT = ("broker", "wire")
+
+
+def _table(title: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """Rows of the table under heading ``title``: (rule, [(file, [names])])."""
+    text = DOC.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    rows = []
+    for line in text[start:end if end > 0 else None].splitlines():
+        cells = line.split(" | ")
+        if len(cells) < 2 or not line.startswith("| ") or line.startswith("|---"):
+            continue
+        homes: list[tuple[str, list[str]]] = []
+        for token in re.findall(r"`([^`]+)`", cells[-1]):
+            if re.fullmatch(r"[\w/]+\.(py|c)|[\w/]+/", token):
+                homes.append((token, []))
+            elif homes and re.fullmatch(r"[A-Za-z_][\w.]*", token):
+                homes[-1][1].append(token)
+        if homes:
+            rows.append((cells[0].strip("| "), homes))
+    return rows
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    """Top-level names a module defines, and Class.method for its classes' functions."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            names.update(f"{node.name}.{n.name}" for n in node.body
+                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+ONE_HOME = _table("One home per rule")
+SPEC = _table("Where each rule of the specification lives")
+
+
+def test_the_tables_are_read():
+    assert len(ONE_HOME) >= 10 and len(SPEC) >= 20
+
+
+@pytest.mark.parametrize(("rule", "homes"), ONE_HOME + SPEC, ids=lambda v: str(v)[:40])
+def test_each_home_exists_and_defines_its_names(rule, homes):
+    for file, names in homes:
+        path = ROOT / file
+        assert path.exists(), f"{rule}: {file} does not exist"
+        if names and path.suffix == ".py":
+            missing = set(names) - _defined(path)
+            assert not missing, f"{rule}: {file} does not define {sorted(missing)}"
+
+
+def test_each_rule_is_defined_once():
+    everywhere: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in (ROOT / package).rglob("*.py"):
+            for name in _defined(path):
+                everywhere.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    for rule, homes in ONE_HOME:
+        for file, names in homes:
+            for name in names:
+                if "." in name:
+                    continue
+                assert everywhere.get(name) == [file], (
+                    f"{rule}: {name} is defined in {everywhere.get(name)}, not only in {file}")
