@@ -55,7 +55,9 @@ from broker.cluster.subject_runs import (
     pack_stamps,
     unpack_run,
 )
-from broker.core.router import STAR, Endpoint, Routed, Router
+from broker.core.bounded import BoundedCache
+from broker.core.eventtypes import STAR, pattern_group
+from broker.core.router import Endpoint, Routed, Router
 from wire import nats
 from wire.errors import ProtocolError
 from wire.skan import decode_header
@@ -114,9 +116,10 @@ class Backplane(Endpoint):
         # NATS's max_payload (its INFO; the service sets it per connection).
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
-        self._senders: dict[bytes, RemoteSender] = {}
+        self._senders: BoundedCache[bytes, RemoteSender] = BoundedCache(SENDER_CACHE_LIMIT)
         # (group, instance, to) -> (subject, directed to another broker's lname)
-        self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
+        self._subjects: BoundedCache[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = (
+            BoundedCache(SUBJECT_CACHE_LIMIT))
         self._in_runs = 0  # messages the last observe() put in runs
         # Messages not published: no other broker wanted them.
         self.withheld = 0
@@ -251,11 +254,9 @@ class Backplane(Endpoint):
         cache = self._subjects
         found = cache.get(key)
         if found is None:
-            if len(cache) >= SUBJECT_CACHE_LIMIT:
-                cache.clear()
             subject = subjects.message_subject(*key)
             dest = subject[subject.rfind(b".") + 1:]
-            found = cache[key] = (subject, dest[:1] == b"b" and dest != self._own_dest)
+            found = cache.put(key, (subject, dest[:1] == b"b" and dest != self._own_dest))
         return found
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
@@ -265,12 +266,7 @@ class Backplane(Endpoint):
 
     def interest_changed(self, key: tuple[bytes, ...] | bytes, added: bool) -> None:
         """A group (bytes) or Hat pattern (tuple) gained its first / lost its last subscriber."""
-        group: bytes | None
-        if isinstance(key, tuple):
-            first = key[0] if key else STAR
-            group = None if first in (STAR, b"?") else first
-        else:
-            group = key
+        group = pattern_group(key) if isinstance(key, tuple) else key
         subject = subjects.ALL_INTEREST if group is None else subjects.group_interest(group)
         if added:
             if self._add(subject):
@@ -329,7 +325,7 @@ class Backplane(Endpoint):
         """An interest message from another broker (answered when it says hello)."""
         try:
             hello = self.remote.receive(payload, now)
-        except ValueError as exc:
+        except ProtocolError as exc:
             self.count_malformed(f"{interest.SUBJECT.decode()}: {exc}")
             return
         if hello:
@@ -349,7 +345,7 @@ class Backplane(Endpoint):
         """Route one run from NATS to this broker's own endpoints."""
         try:
             server, session, first, stamps, frames = unpack_run(msg)
-        except (ValueError, ProtocolError) as exc:
+        except ProtocolError as exc:
             self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
             return
         if server == self.server_id:
@@ -402,9 +398,7 @@ class Backplane(Endpoint):
         senders = self._senders
         found = senders.get(lname)
         if found is None:
-            if len(senders) >= SENDER_CACHE_LIMIT:
-                senders.clear()
-            found = senders[lname] = RemoteSender(lname)
+            found = senders.put(lname, RemoteSender(lname))
         return found
 
     def count_malformed(self, reason: str) -> None:
