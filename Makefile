@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/skan-broker $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check broker wire clients analytics tests bench
+	$(PY) -m ruff check broker wire toolkit clients analytics tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The long fuzz run (minutes): SKAN_FUZZ_EXAMPLES inputs (default 2000) per
@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check broker wire clients analytics tests bench
+	$(PY) -m ruff check broker wire toolkit clients analytics tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

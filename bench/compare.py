@@ -15,7 +15,9 @@ count received bytes and divide by the size of one delivered frame.
 
 from __future__ import annotations
 
+import errno
 import gc
+import os
 import resource
 import socket
 import statistics
@@ -43,6 +45,13 @@ SCENARIOS: dict[str, tuple[int, int, int]] = {
 # listen backlog never overflows).
 IDLE_CONNECTIONS = 10_000
 IDLE_BATCH = 500
+# Latency traffic shapes: "latency" is one publisher writing bursts of
+# rate/1000 messages every millisecond (10 at 10,000 msgs/s); "isolated" is
+# ISOLATED_PUBLISHERS independent publishers taking turns, one message per
+# write, evenly spaced (every 100 us at 10,000 msgs/s), as most real
+# traffic arrives: each message costs the broker a wake-up of its own.
+LATENCY_SHAPES = ("latency", "isolated")
+ISOLATED_PUBLISHERS = 10
 
 
 class Client(Protocol):
@@ -168,23 +177,25 @@ def _stamp_template(make: FrameMaker, seq: int) -> tuple[bytes, bytes]:
 
 
 async def probe(target: Target, rate: int, seconds: float,
-                on_sample: Callable[[int, int], None]) -> float | None:
-    """The latency probe: ``rate`` msgs/s in 1 ms ticks, each message carrying
-    its send time, one publisher and one subscriber; ``on_sample(sent_ns,
-    received_ns)`` for each message read back.  Returns the broker's CPU
-    share meanwhile (None when unknown)."""
+                on_sample: Callable[[int, int], None], shape: str = "latency") -> float | None:
+    """The latency probe: ``rate`` msgs/s, each message carrying its send time, to
+    one subscriber; ``on_sample(sent_ns, received_ns)`` for each message read back.
+    ``shape`` (:data:`LATENCY_SHAPES`): bursts every 1 ms tick from one publisher,
+    or isolated messages from :data:`ISOLATED_PUBLISHERS` publishers, one per
+    write.  Returns the broker's CPU share meanwhile (None when unknown)."""
     client = target.client
     await client.settle()
     group = f"latency-{next(_unique):06d}"
     sub = await client.subscriber(group)
-    pub, make = await client.publisher(group)
+    npubs = ISOLATED_PUBLISHERS if shape == "isolated" else 1
+    pubs = [await client.publisher(group) for _ in range(npubs)]
     parse = client.parser()
     per_tick = max(1, rate // 1000)
-    # Each tick's frames are built before its clock is read: the timestamp
-    # goes into a template (same length, same bytes around it), so the
-    # clients' encoders -- a Python Skan encoder costs about 8 us a frame,
-    # a NATS PUB line 0.5 us -- are not measured as broker latency.
-    templates = [_stamp_template(make, k) for k in range(per_tick)]
+    # Frames are built before the clock is read: the timestamp goes into a
+    # template (same length, same bytes around it), so the clients' encoders
+    # -- a Python Skan encoder costs about 8 us a frame, a NATS PUB line
+    # 0.5 us -- are not measured as broker latency.
+    templates = [[_stamp_template(make, k) for k in range(per_tick)] for _, make in pubs]
 
     async def receive() -> None:
         while True:
@@ -195,6 +206,41 @@ async def probe(target: Target, rate: int, seconds: float,
             for payload in parse(data):
                 on_sample(int(payload[:STAMP_DIGITS]), now)
 
+    async def bursts() -> None:
+        pub = pubs[0][0]
+        start = trio.current_time()
+        tick = 0
+        while trio.current_time() - start < seconds:
+            tick += 1
+            ts = str(time.perf_counter_ns()).rjust(STAMP_DIGITS).encode()
+            await pub.send_all(b"".join([head + ts + tail for head, tail in templates[0]]))
+            await trio.sleep_until(start + tick / 1000)
+
+    def isolated() -> None:
+        """A thread: trio's timers tick in milliseconds, this paces in microseconds."""
+        fds = [stream.socket.fileno() for stream, _ in pubs]
+        interval = 1.0 / rate
+        start = time.perf_counter()
+        k = 0
+        while True:
+            due = start + k * interval
+            now = time.perf_counter()
+            if now - start >= seconds:
+                return
+            if due > now:
+                time.sleep(due - now)
+            head, tail = templates[k % npubs][0]
+            data = head + str(time.perf_counter_ns()).rjust(STAMP_DIGITS).encode() + tail
+            while data:
+                try:
+                    data = data[os.write(fds[k % npubs], data):]
+                except BlockingIOError:  # the socket is trio's (non-blocking)
+                    time.sleep(0.0001)
+                except OSError as exc:
+                    if exc.errno != errno.EINTR:
+                        raise
+            k += 1
+
     # The generator's own collector pauses would be measured as broker latency.
     gc.disable()
     try:
@@ -202,12 +248,10 @@ async def probe(target: Target, rate: int, seconds: float,
             nursery.start_soon(receive)
             c0 = target.cpu_seconds()
             start = trio.current_time()
-            tick = 0
-            while trio.current_time() - start < seconds:
-                tick += 1
-                ts = str(time.perf_counter_ns()).rjust(STAMP_DIGITS).encode()
-                await pub.send_all(b"".join([head + ts + tail for head, tail in templates]))
-                await trio.sleep_until(start + tick / 1000)
+            if shape == "isolated":
+                await trio.to_thread.run_sync(isolated)
+            else:
+                await bursts()
             elapsed = trio.current_time() - start
             c1 = target.cpu_seconds()
             await trio.sleep(0.2)
@@ -215,15 +259,16 @@ async def probe(target: Target, rate: int, seconds: float,
     finally:
         gc.enable()
     await sub.aclose()
-    await pub.aclose()
+    for pub, _ in pubs:
+        await pub.aclose()
     return (c1 - c0) / elapsed if c0 is not None and c1 is not None else None
 
 
-async def latency(target: Target, rate: int, seconds: float) -> Latency:
+async def latency(target: Target, rate: int, seconds: float, shape: str = "latency") -> Latency:
     """p50 and p99 of the probe (:func:`probe`), in milliseconds."""
     samples: list[float] = []
     cpu = await probe(target, rate, seconds,
-                      lambda sent, got: samples.append((got - sent) / 1e6))
+                      lambda sent, got: samples.append((got - sent) / 1e6), shape)
     samples.sort()
     q = statistics.quantiles(samples, n=100)
     return Latency(q[49], q[98], len(samples), cpu)
@@ -280,7 +325,7 @@ async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds:
     """Run everything interleaved; print progress and the final table; return the medians."""
     names = [t.name for t in targets]
     rates: dict[tuple[str, str], list[Rate]] = {}
-    lats: dict[str, list[Latency]] = {}
+    lats: dict[tuple[str, str], list[Latency]] = {}
     mem: dict[str, float] = {}
     # Latency first, on brokers that have not routed anything yet: right after
     # a throughput case a Skan broker is still busy with its aftermath (the
@@ -288,8 +333,8 @@ async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds:
     # latency.  Each later case starts with the target's settle().
     # Memory after latency (10,000 connections opening and closing are work
     # too) and before the throughput cases (whose garbage the heap would reuse).
-    phases = [s for s in scenarios if s == "latency"] + ["memory"] * memory \
-        + [s for s in scenarios if s != "latency"]
+    phases = [s for s in scenarios if s in LATENCY_SHAPES] + ["memory"] * memory \
+        + [s for s in scenarios if s not in LATENCY_SHAPES]
     for scenario in phases:
         if scenario == "memory":
             for t in targets:
@@ -300,11 +345,11 @@ async def run(targets: list[Target], scenarios: list[str], rounds: int, seconds:
             continue
         for r in range(rounds):
             order = targets[r % len(targets):] + targets[:r % len(targets)]
-            if scenario == "latency":
+            if scenario in LATENCY_SHAPES:
                 for t in order:
-                    lat = await latency(t, rate, latency_seconds)
-                    lats.setdefault(t.name, []).append(lat)
-                    print(f"  round {r + 1} latency  {t.name:<12} p50 {lat.p50:.3f} ms "
+                    lat = await latency(t, rate, latency_seconds, scenario)
+                    lats.setdefault((scenario, t.name), []).append(lat)
+                    print(f"  round {r + 1} {scenario:<8} {t.name:<12} p50 {lat.p50:.3f} ms "
                           f"p99 {lat.p99:.3f} ms  cpu {lat.cpu or 0:.0%}", flush=True)
                 continue
             groups, pubs, subs = SCENARIOS[scenario]
@@ -323,7 +368,8 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def _table(names: list[str], scenarios: list[str], rates: dict[tuple[str, str], list[Rate]],
-           lats: dict[str, list[Latency]], mem: dict[str, float], rate: int) -> dict[str, Any]:
+           lats: dict[tuple[str, str], list[Latency]], mem: dict[str, float], rate: int
+           ) -> dict[str, Any]:
     anchors = [a for a in ("mosquitto", "nats") if a in names]
     products = [n for n in names if n not in anchors]
     summary: dict[str, Any] = {}
@@ -331,7 +377,7 @@ def _table(names: list[str], scenarios: list[str], rates: dict[tuple[str, str], 
     rows = [head]
     for per_cpu in (False, True):
         for scenario in scenarios:
-            if scenario == "latency":
+            if scenario in LATENCY_SHAPES:
                 continue
             med = {n: _median([x.per_cpu_second if per_cpu else x.deliveries_per_s
                                for x in rates.get((scenario, n), [])]) for n in names}
@@ -339,13 +385,22 @@ def _table(names: list[str], scenarios: list[str], rates: dict[tuple[str, str], 
             summary[label] = med
             rows.append([label] + [_fmt_rate(med[n]) for n in names]
                         + [_ratio(med[p], med[a]) for p in products for a in anchors])
-    if lats:
-        for q in ("p50", "p99"):
-            med = {n: _median([getattr(x, q) for x in lats.get(n, [])]) for n in names}
-            label = f"latency {q} ms @{rate // 1000}k/s"
+    for shape in LATENCY_SHAPES:
+        if not any(k[0] == shape for k in lats):
+            continue
+        kind = "bursts" if shape == "latency" else "isolated"
+        for q in ("p50", "p99", "cpu"):
+            med = {n: _median([getattr(x, q) for x in lats.get((shape, n), [])]) for n in names}
+            if q == "cpu":
+                # Broker CPU per message (all its threads): share of a core / rate.
+                med = {n: None if v is None else v / rate * 1e6 for n, v in med.items()}
+                label = f"{kind} CPU us/msg @{rate // 1000}k/s"
+                cells = [f"{med[n]:.1f}" if med[n] is not None else "-" for n in names]
+            else:
+                label = f"{kind} {q} ms @{rate // 1000}k/s"
+                cells = [f"{med[n]:.3f}" if med[n] is not None else "-" for n in names]
             summary[label] = med
-            rows.append([label] + [f"{med[n]:.3f}" if med[n] is not None else "-"
-                                   for n in names]
+            rows.append([label] + cells
                         + [_ratio(med[p], med[a]) for p in products for a in anchors])
     if mem:
         label = f"KB per idle conn ({IDLE_CONNECTIONS // 1000}k)"

@@ -1,6 +1,10 @@
 /*
  * Compiled per-message work of the router's observers.
  *
+ * routelog_columns: the same records as column buffers (the Parquet format,
+ * broker/observability/routelog/columns.py; ColumnBuffer.observe_py is the
+ * reference, compared on random batches in the same test file).
+ *
  * routelog_lines: the routing log's JSON lines of a batch
  * (broker/observability/routelog/record.py).  RecordBuffer's Python loop
  * is the reference; tests/observability/routelog/test_speedups.py compares
@@ -430,6 +434,180 @@ error:
     return NULL;
 }
 
+/* Append n bytes to a bytearray (amortised growth: PyByteArray_Resize over-allocates). */
+static int
+ba_append(PyObject *ba, const void *data, Py_ssize_t n)
+{
+    Py_ssize_t old = PyByteArray_GET_SIZE(ba);
+    if (n > PY_SSIZE_T_MAX - old) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyByteArray_Resize(ba, old + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(ba) + old, data, (size_t)n);
+    return 0;
+}
+
+/* routelog_columns(batch, start, cols, parts_of, seq_value) -> index
+ *
+ * The Parquet routing log's per-message columns (broker/observability/
+ * routelog/columns.py: ColumnBuffer.observe_py is the reference, and
+ * tests/observability/routelog/test_speedups.py compares the two).  Appends,
+ * for batch[start], batch[start + 1], ..., to the bytearrays of ``cols`` =
+ * (times, sizes, keys, seq_ends, seq_data): the routing time in Unix
+ * microseconds and the frame size (native int64), the key of the message's
+ * cached parts (native int32: ``parts_of(routed)[0]``, called again only
+ * when the sender or the recipient tuple changes), and the seq as UTF-8
+ * with its end offset (int32).  A seq that is not plain digits comes from
+ * ``seq_value(seq)`` (a str).  Returns the index of the first message it
+ * left to Python (len when none).
+ */
+static PyObject *
+routelog_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyTuple_CheckExact(args[2])
+        || PyTuple_GET_SIZE(args[2]) != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "routelog_columns(list, int, (5 bytearrays), callable, callable)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *cols = args[2], *parts_of = args[3], *seq_value = args[4];
+    for (int c = 0; c < 5; c++) {
+        if (!PyByteArray_CheckExact(PyTuple_GET_ITEM(cols, c))) {
+            PyErr_SetString(PyExc_TypeError, "routelog_columns: cols must be bytearrays");
+            return NULL;
+        }
+    }
+    PyObject *times = PyTuple_GET_ITEM(cols, 0), *sizes = PyTuple_GET_ITEM(cols, 1);
+    PyObject *keys = PyTuple_GET_ITEM(cols, 2), *ends = PyTuple_GET_ITEM(cols, 3);
+    PyObject *data = PyTuple_GET_ITEM(cols, 4);
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    PyObject *last_sender = NULL, *last_recips = NULL, *parts = NULL;
+    int32_t key = 0;
+    for (; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        PyObject *sender = attr(r, s_sender);
+        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+        if (recips == NULL) {
+            Py_XDECREF(sender);
+            goto error;
+        }
+        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+                    && sender == last_sender && recips == last_recips;
+        if (!reuse) {
+            Py_XDECREF(parts);
+            parts = PyObject_CallOneArg(parts_of, r);
+            if (parts == NULL) {
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                goto error;
+            }
+            long k = -1;
+            if (PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) >= 2
+                && PyLong_CheckExact(PyTuple_GET_ITEM(parts, 0)))
+                k = PyLong_AsLong(PyTuple_GET_ITEM(parts, 0));
+            if (k < 0 || k > INT32_MAX) {
+                PyErr_Clear();
+                Py_DECREF(sender);
+                Py_DECREF(recips);
+                break; /* unexpected: Python handles this one */
+            }
+            key = (int32_t)k;
+            /* Identities are kept only while parts holds the recipient tuple
+             * (its second item); the sender stays attached meanwhile. */
+            last_sender = sender;
+            last_recips = recips;
+        }
+        Py_DECREF(sender);
+        Py_DECREF(recips);
+
+        PyObject *t = attr(r, s_timestamp);
+        if (t == NULL)
+            goto error;
+        if (!PyFloat_CheckExact(t)) {
+            Py_DECREF(t);
+            break;
+        }
+        double us = PyFloat_AS_DOUBLE(t) * 1e6;
+        Py_DECREF(t);
+        if (!(us > -9.0e18 && us < 9.0e18))
+            break; /* NaN, inf, out of range: Python says what happens */
+        int64_t time_us = (int64_t)us; /* truncation, as int() */
+
+        PyObject *f = attr(r, s_frame);
+        if (f == NULL)
+            goto error;
+        Py_ssize_t fsize = PyObject_Length(f);
+        Py_DECREF(f);
+        if (fsize < 0)
+            goto error;
+        int64_t size = (int64_t)fsize;
+
+        PyObject *h = attr(r, s_header);
+        if (h == NULL)
+            goto error;
+        if (!PyDict_CheckExact(h)) {
+            Py_DECREF(h);
+            break;
+        }
+        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+        if (seq == NULL && PyErr_Occurred()) {
+            Py_DECREF(h);
+            goto error;
+        }
+        const char *sq = NULL;
+        Py_ssize_t sq_len = 0;
+        PyObject *sq_obj = NULL;
+        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+            const char *b = PyBytes_AS_STRING(seq);
+            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
+            while (k < m && b[k] >= '0' && b[k] <= '9')
+                k++;
+            if (k == m) {
+                sq = b;
+                sq_len = m;
+            }
+        }
+        if (sq == NULL) {
+            sq_obj = PyObject_CallOneArg(seq_value, seq != NULL ? seq : Py_None);
+            if (sq_obj == NULL) {
+                Py_DECREF(h);
+                goto error;
+            }
+            if (!PyUnicode_CheckExact(sq_obj)
+                || (sq = PyUnicode_AsUTF8AndSize(sq_obj, &sq_len)) == NULL) {
+                PyErr_Clear();
+                Py_DECREF(sq_obj);
+                Py_DECREF(h);
+                break;
+            }
+        }
+        Py_ssize_t end = PyByteArray_GET_SIZE(data) + sq_len;
+        int rc = end > INT32_MAX ? 1 : 0;
+        if (rc) {
+            Py_XDECREF(sq_obj);
+            Py_DECREF(h);
+            break; /* the caller hands off before 2 GiB of seqs; Python raises */
+        }
+        int32_t end32 = (int32_t)end;
+        rc = ba_append(data, sq, sq_len);
+        Py_XDECREF(sq_obj);
+        Py_DECREF(h);
+        if (rc < 0 || ba_append(times, &time_us, 8) < 0 || ba_append(sizes, &size, 8) < 0
+            || ba_append(keys, &key, 4) < 0 || ba_append(ends, &end32, 4) < 0)
+            goto error;
+    }
+    Py_XDECREF(parts);
+    return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(parts);
+    return NULL;
+}
+
 /* batch_key(batch, server) -> (group, instance, to, one_run), None or NotImplemented.
  *
  * The reference (batch_key_py) first compares every message's server with
@@ -604,6 +782,9 @@ static PyMethodDef methods[] = {
     {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
      "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
      "left to Python (see broker/observability/routelog/record.py)."},
+    {"routelog_columns", (PyCFunction)(void (*)(void))routelog_columns, METH_FASTCALL,
+     "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first message "
+     "left to Python (see broker/observability/routelog/columns.py)."},
     {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
      "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
      "(see broker/cluster/subject_runs.py)."},

@@ -8,17 +8,21 @@
     skan stats
     skan --protocol hsp sub chat       # the same over the broker's HSP listener
     skan --protocol hsp pub chat hi --acked   # DATA_ACK: wait for the broker's ACK
+    skan connections --sort queue      # who is connected, the fullest queue first
+    skan subscriptions --group chat    # who subscribes what
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 import trio
 
+from clients import monitor
 from clients.hsp import DEFAULT_PORT as HSP_PORT
 from clients.hsp import HSPClosed, HSPError, SkanOverHSP
 from clients.skan import (
@@ -131,7 +135,95 @@ def build_parser() -> cliutil.Parser:
 
     sub.add_parser("stats", help="print the broker's counters",
                    description="Print the broker's counters (the Skan stats message).")
+    _add_listing_parsers(sub)
     return p
+
+
+# Default of --metrics-port: the broker's default [metrics] port.
+METRICS_PORT = 9914
+CONNECTION_SORTS = ("since", "lname", "queue", "queue_frames", "msgs_out", "msgs_in",
+                    "bytes_out", "bytes_in", "dropped", "subscriptions")
+
+
+# Rows per listing reply the broker allows (broker/observability/listing.py MAX_LIMIT).
+MAX_LISTING_LIMIT = 1000
+
+
+def _listing_limit(text: str) -> int:
+    value = cliutil.positive_int(text)
+    if value > MAX_LISTING_LIMIT:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LISTING_LIMIT}, not {value} "
+                                         "(page with --offset)")
+    return value
+
+
+def _add_listing_parsers(sub: Any) -> None:
+    """`skan connections` and `skan subscriptions`: the metrics listener's listing over HTTP."""
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--metrics-port", type=cliutil.port, default=METRICS_PORT,
+                       help="the broker's metrics port ([metrics] port); --host, --tls, "
+                            "--tls-ca and --insecure apply to it")
+        q.add_argument("--metrics-token", metavar="TOKEN",
+                       help="[metrics] token, sent as 'Authorization: Bearer' (default: the "
+                            "SKAN_METRICS_TOKEN environment variable)")
+        q.add_argument("--metrics-user", metavar="USER:PASSWORD",
+                       help="[metrics] username and password, sent as basic auth (default: "
+                            "the SKAN_METRICS_USER environment variable)")
+        q.add_argument("--proto", metavar="PROTOCOL",
+                       help="only this protocol (skan, hsp, eventer, mariner, bridge-...)")
+        q.add_argument("--user", help="only connections of this [[users]] name")
+        q.add_argument("--group", help="only subscriptions that may take this group's messages")
+        q.add_argument("--lname", help="only this connection")
+        q.add_argument("--limit", type=_listing_limit, default=50,
+                       help="rows to show, at most 1000 (the broker's cap)")
+        q.add_argument("--offset", type=cliutil.non_negative_int, default=0,
+                       help="rows to skip (paging)")
+        q.add_argument("--order", choices=["asc", "desc"],
+                       help="sort order (default: the key's own: oldest first, largest first)")
+        q.add_argument("--json", action="store_true", help="print the broker's JSON as is")
+
+    c = sub.add_parser(
+        "connections", help="list connections (the metrics listener's /connections)",
+        description="List who is connected: lname, protocol, user, remote address, uptime, "
+                    "subscriptions, outgoing queue (frames, bytes), messages and bytes in and "
+                    "out, drops. Read over HTTP from the broker's metrics port.")
+    common(c)
+    c.add_argument("--sort", choices=CONNECTION_SORTS, default="since",
+                   help="queue: the slow consumer first; msgs_out: the busiest receiver first")
+    c.add_argument("--subs", action="store_true",
+                   help="list each connection's subscriptions under it")
+    s = sub.add_parser(
+        "subscriptions", help="list subscriptions (the metrics listener's /subscriptions)",
+        description="List subscriptions: group and instance (or Hat pattern), subtype and "
+                    "the connection holding it. Read over HTTP from the broker's metrics port.")
+    common(s)
+    s.add_argument("--sort", choices=["group", "lname"], default="group", help="sort key")
+
+
+async def _listing(args: argparse.Namespace) -> int:
+    token = args.metrics_token or os.environ.get("SKAN_METRICS_TOKEN")
+    user = args.metrics_user or os.environ.get("SKAN_METRICS_USER")
+    params: dict[str, Any] = {
+        "offset": args.offset or None, "limit": args.limit, "sort": args.sort,
+        "order": args.order, "protocol": args.proto, "user": args.user, "group": args.group,
+        "lname": args.lname,
+    }
+    if args.command == "connections" and args.subs:
+        params["subs"] = 1
+    data = await monitor.fetch_listing(
+        args.host, args.metrics_port, f"/{args.command}", params,
+        auth=monitor.authorization(token, user), ssl_context=cliutil.client_ssl_context(args),
+        timeout=args.connect_timeout)
+    if args.json:
+        cliutil.out(json.dumps(data, indent=1, ensure_ascii=False))
+    elif args.command == "connections":
+        for line in monitor.connection_lines(data, args.subs):
+            cliutil.out(line)
+    else:
+        for line in monitor.subscription_lines(data):
+            cliutil.out(line)
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -192,15 +284,34 @@ async def _sub(client: SkanClient, args: argparse.Namespace) -> int:
 
 
 async def _request(client: SkanClient, args: argparse.Namespace) -> int:
+    directed = args.to != "*"
+    # A directed request to an lname nobody has is undeliverable, which the
+    # broker counts: compare its counter around the send to say so.
+    before = await _undeliverable(client) if directed else None
     try:
         reply = await client.request(args.group, args.message, to=args.to,
                                      instance=args.instance, timeout=args.timeout)
     except trio.TooSlowError:
-        print(f"{PROG}: no reply within {args.timeout:g}s (is a `skan reply {args.group}` "
-              "running?)", file=sys.stderr)
+        if not directed:
+            why = f"is a `skan reply {args.group}` running?"
+        elif before is not None and await _undeliverable(client) == before:
+            why = (f"{args.to} received it and did not answer: is it a `skan reply "
+                   f"{args.group}`?")
+        else:
+            why = (f"the broker found no recipient: no connection has the lname {args.to} "
+                   f"and subscribes to {args.group} (lnames change on every connection: "
+                   "`skan reply` prints its own, `skan connections` lists them)")
+        print(f"{PROG}: no reply within {args.timeout:g}s ({why})", file=sys.stderr)
         return 1
     cliutil.out(format_message(reply, args.json))
     return 0
+
+
+async def _undeliverable(client: SkanClient) -> int | None:
+    try:
+        return int((await client.stats()).get("undeliverable", 0))
+    except (TypeError, ValueError):
+        return None
 
 
 async def _reply(client: SkanClient, args: argparse.Namespace) -> int:
@@ -233,7 +344,13 @@ async def _stats(client: SkanClient, args: argparse.Namespace) -> int:
 COMMANDS = {"pub": _pub, "sub": _sub, "request": _request, "reply": _reply, "stats": _stats}
 
 
+# Commands that talk HTTP to the metrics port, not Skan to the broker port.
+LISTING_COMMANDS = ("connections", "subscriptions")
+
+
 async def run(args: argparse.Namespace) -> int:
+    if args.command in LISTING_COMMANDS:
+        return await _listing(args)
     async with _connect(args) as client:
         return await COMMANDS[args.command](client, args)
 
@@ -255,7 +372,8 @@ def _own_errors(target: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    target = f"{args.host}:{args.port}"
+    port = args.metrics_port if args.command in LISTING_COMMANDS else args.port
+    target = f"{args.host}:{port}"
     return cliutil.run(PROG, run, args, target=target, errors=_own_errors(target))
 
 

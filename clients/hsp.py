@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from clients.skan import SkanClient
-from toolkit.streams import ReceiveIterator, open_stream
+from toolkit.streams import AnswersHTTP, ReceiveIterator, open_stream
 from wire.hsp import (
     DATA_ACK,
     DEFAULT_MAX_PAYLOAD,
@@ -97,6 +97,8 @@ class HSPPeer(ReceiveIterator):
     ) -> None:
         self.stream = stream
         self.conn = HSPConnection(max_payload)
+        # Nothing received yet (an HTTP answer is recognised on the first bytes).
+        self._first = True
         self.auto_ack = auto_ack
         self._send_lock = trio.Lock()
         self._waiters: dict[int, trio.MemorySendChannel] = {}
@@ -186,10 +188,13 @@ class HSPPeer(ReceiveIterator):
         if not chunk:
             self._close()
             return None
+        first, self._first = self._first, False
         try:
             events = self.conn.receive_data(chunk)
-        except ProtocolError:
+        except ProtocolError as exc:
             self._close()
+            if first and chunk.startswith(b"HTTP/"):
+                raise AnswersHTTP("HSP", DEFAULT_PORT) from exc
             raise
         out: list[Received] = []
         for ev in events:

@@ -23,7 +23,13 @@ from typing import Any
 import attrs
 import trio
 
-from toolkit.streams import CONNECT_TIMEOUT, ReceiveIterator, open_stream, tidy_reason
+from toolkit.streams import (
+    CONNECT_TIMEOUT,
+    AnswersHTTP,
+    ReceiveIterator,
+    open_stream,
+    tidy_reason,
+)
 from wire.errors import RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
 
@@ -41,6 +47,11 @@ class SkanClosed(Exception):
 
 class NotSkanBroker(SkanClosed):
     """The server did not answer getlname like a Skan broker (another protocol, or none)."""
+
+
+# How a broker's listener for another protocol begins the error it sends a
+# Skan client that dialled it (broker/protocols/hsp/listener.py WRONG_PORT).
+WRONG_PORT = "this is the broker's "
 
 
 class SkanClientError(Exception):
@@ -190,8 +201,13 @@ class SkanClient(ReceiveIterator):
                 return await self.getlname(token)
             except SkanClosed as exc:
                 if self.errors:
+                    reason = self.errors[-1].reason
+                    if reason.startswith(WRONG_PORT):
+                        # The broker's HSP listener saw a Skan frame and said so.
+                        raise NotSkanBroker(f"{target} is {reason.removeprefix('this is ')}"
+                                            ) from None
                     # A Skan broker that refused us (a credential): its reason.
-                    raise SkanClientError(self.errors[-1].reason) from None
+                    raise SkanClientError(reason) from None
                 if self._broken is not None:
                     # Reset or TLS refused (a client certificate...): not a protocol question.
                     raise self._broken from self._broken.__cause__
@@ -297,12 +313,15 @@ class SkanClient(ReceiveIterator):
         return await self._inbox.receive()
 
     async def _reader(self) -> None:
+        head = b""
         try:
             while True:
                 data = await self._stream.receive_some(65536)
                 if not data:
                     self._ended("")
                     break
+                if len(head) < 5:
+                    head += data[:5]
                 for frame in self._splitter.receive_data(data):
                     await self._dispatch(decode(frame[4:]))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -312,7 +331,13 @@ class SkanClient(ReceiveIterator):
         except RemoteProtocolError as exc:
             # The bytes are not Skan (or, over HSP, not HSP): the stream
             # cannot be trusted any more.
-            self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
+            if isinstance(exc, AnswersHTTP):  # over HSP: the adapter recognised it
+                self._ended(str(exc))
+            elif head.startswith(b"HTTP/"):
+                # "HTTP" read as a length is a frame of 1213486160 bytes: say what it is.
+                self._ended(str(AnswersHTTP("Skan", DEFAULT_PORT)))
+            else:
+                self._ended(tidy_reason(f"its answer is not Skan ({exc})"))
             await trio.aclose_forcefully(self._stream)
         finally:
             self._inbox_send.close()

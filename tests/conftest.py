@@ -2,7 +2,47 @@ from __future__ import annotations
 
 import pytest
 
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
+
+# Tests write only to temporary directories.  A broker's default directories
+# are relative (var/routing-log, var/store): a test that starts one in the
+# checkout leaves them here.  The session fails if anything under var/
+# appeared or changed while it ran (checked after the last test, so it holds
+# whichever tests ran, in any order, with or without the cache plugin).
+CHECKOUT_VAR = ROOT / "var"
+_VAR_BEFORE = pytest.StashKey[dict]()
+
+
+def _var_state() -> dict[str, int]:
+    if not CHECKOUT_VAR.exists():
+        return {}
+    return {str(p.relative_to(ROOT)): p.stat().st_mtime_ns for p in CHECKOUT_VAR.rglob("*")
+            } | {"var": 0}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_VAR_BEFORE] = _var_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(_VAR_BEFORE, None)
+    if before is None:
+        return
+    after = _var_state()
+    changed = sorted(k for k, v in after.items() if before.get(k) != v)
+    if not changed:
+        return
+    shown = ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else "")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = (f"tests wrote into the checkout ({ROOT}): {shown}; tests must write only to "
+            "temporary directories (give the broker --log-dir/--store-dir or a tmp cwd)")
+    if reporter is not None:
+        reporter.write_sep("=", "checkout written", red=True)
+        reporter.write_line(line)
+    else:
+        print(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 
 @pytest.fixture(scope="module")

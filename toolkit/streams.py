@@ -14,6 +14,8 @@ from typing import Any
 
 import trio
 
+from wire.errors import RemoteProtocolError
+
 # Where the clients look for a broker unless told otherwise (the broker's own default bind).
 DEFAULT_HOST = "127.0.0.1"
 # Seconds a client waits to establish TCP (and TLS) and then for the server's
@@ -26,6 +28,14 @@ CONNECT_TIMEOUT = 5.0
 _LONG_NUMBER = re.compile(r"\d{16,}")
 # Longest peer-derived text quoted in one line.
 MAX_REASON = 200
+
+
+class AnswersHTTP(RemoteProtocolError):
+    """The peer answered in HTTP (a client pointed at the broker's metrics port)."""
+
+    def __init__(self, protocol: str, default_port: int) -> None:
+        super().__init__(f"it answers HTTP, not {protocol} (the broker's metrics port? "
+                         f"{protocol}'s default port is {default_port})")
 
 
 def tidy_reason(text: str) -> str:

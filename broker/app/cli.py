@@ -37,6 +37,9 @@ def _default(section: type, key: str) -> object:
 def build_parser() -> cliutil.Parser:
     p = cliutil.Parser(
         prog=PROG,
+        usage=f"{PROG} [--config FILE] [options]\n"
+              f"       {PROG} --check-config FILE\n"
+              f"       {PROG} hash-token < TOKEN   (prints the token's token_sha256)",
         description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner). "
                     "Flags override the configuration file; defaults are the embedded "
                     "configuration's. 'skan-broker hash-token' reads a token on stdin and "
@@ -76,8 +79,8 @@ def build_parser() -> cliutil.Parser:
     p.add_argument("--reuse-port", action="store_true", default=None,
                    help=argparse.SUPPRESS)  # set on each worker by --workers
     p.add_argument("--log-level", type=str.lower, choices=config.LOG_LEVELS,
-                   help="diagnostic log level on stderr (default: [broker] log_level, "
-                        f"{_default(B, 'log_level')})")
+                   help="diagnostic log level on stderr, in any case (default: [broker] "
+                        f"log_level, {_default(B, 'log_level')})")
     p.add_argument("--log-format", choices=config.LOG_FORMATS,
                    help="diagnostics as text lines or JSON objects (default: [broker] "
                         f"log_format, {_default(B, 'log_format')})")
@@ -167,12 +170,23 @@ def check_config(path: str) -> int:
         check_files(cfg)
         config.check_exposure(cfg)
     except config.ConfigError as exc:
-        print(f"{PROG}: {path}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {config_problem(exc, path)}", file=sys.stderr)
         return cliutil.EXIT_USAGE
     listeners = [name for name in LISTENERS if getattr(getattr(cfg, name), "enabled", True)]
     print(f"{path}: valid ({', '.join(listeners)}; {len(cfg.bridges)} bridge(s); "
           f"routing log {'in ' + cfg.log.dir if cfg.log.enabled else 'off'})")
     return cliutil.EXIT_OK
+
+
+def config_problem(exc: config.ConfigError, path: str | None) -> str:
+    """The line(s) for a refused configuration, naming the file it came from.
+
+    Errors of a flag (``--skan-port``) or of reading the file (which name it
+    themselves) are not prefixed.
+    """
+    if path is None or exc.key.startswith("--"):
+        return str(exc)
+    return f"{path}: {exc}"
 
 
 def hash_token_main() -> int:
@@ -196,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         check_files(cfg)
         config.check_exposure(cfg)
     except config.ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {config_problem(exc, args.config)}", file=sys.stderr)
         return cliutil.EXIT_USAGE
     setup_logging(cfg.broker.log_level, cfg.broker.log_format)
     if args.workers is not None:

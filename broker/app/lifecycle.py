@@ -20,7 +20,9 @@ from broker.serving.config import Config, build_authenticator
 from broker.serving.context import BrokerContext
 from broker.serving.fdlimit import apply_descriptor_limit
 from broker.serving.scheduling import set_thread_slice
+from broker.serving.transport import probe_listen
 from broker.store import Store
+from broker.store.heap import return_large_frames
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,26 @@ def new_router(config: Config) -> Router:
     return Router(server_id=b.server_id, **limits)
 
 
+# Services that listen on a port of their own config section.
+LISTENING_SERVICES = ("skan", "hsp", "eventer", "mariner", "metrics")
+
+
+async def _probe_ports(config: Config, names: tuple[str, ...]) -> None:
+    """Every listener's port can be bound, checked before any service starts:
+    the routing log and the store create their directories as they start, and
+    a broker that cannot listen must leave nothing behind."""
+    for name in LISTENING_SERVICES:
+        if name not in names:
+            continue
+        section = getattr(config, name)
+        host = getattr(section, "host", None) or config.broker.host
+        reuse = config.broker.reuse_port and name != "metrics"
+        try:
+            await probe_listen(host, section.port, reuse_port=reuse)
+        except OSError as exc:
+            raise StartupError.of(name, config, exc) from exc
+
+
 def _print_ready(lines: list[str]) -> None:
     for line in lines:
         sys.stdout.write(line + "\n")
@@ -76,6 +98,7 @@ async def run(
     :mod:`broker.app.reload`).
     """
     config = apply_descriptor_limit(config)
+    return_large_frames()
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)
@@ -95,6 +118,7 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
         ctx_out.append(ctx)
     if stop is None:
         stop = trio.Event()
+    await _probe_ports(config, ctx.services)
     async with trio.open_nursery() as outer:
         ctx.conn_nursery = outer
         async with trio.open_nursery() as svc_nursery:

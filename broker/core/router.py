@@ -82,6 +82,11 @@ class Endpoint:
         self.publish_allowed: set[bytes] | None = None
         # Subject CN of a verified TLS client certificate (set by the transport).
         self.cert_name: str | None = None
+        # For the connection listing (set once per connection, never per
+        # message): the peer's "host:port" (the transport, or a bridge's
+        # address) and when Router.attach admitted it (the router's clock).
+        self.remote: str | None = None
+        self.since = 0.0
 
     def deliver(self, frame: bytes, routed: Routed) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -297,6 +302,7 @@ class Router:
         """Register a new connection; gives it its lname (unique, never reused)."""
         lname = self._new_lname()
         endpoint.lname = lname
+        endpoint.since = self.clock()
         self.endpoints[lname] = endpoint
         acc = self.counters.accepted
         proto = endpoint.protocol
@@ -395,6 +401,22 @@ class Router:
 
     def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
         self.index.unsubscribe_pattern(endpoint, pattern)
+
+    # ---- read-only views for the connection listing (the index's) ------------
+
+    def subscriptions_of(
+        self, endpoint: Endpoint, limit: int | None = None
+    ) -> list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]]:
+        """What ``endpoint`` subscribes (see :meth:`SubscriptionIndex.subscriptions_of`)."""
+        return self.index.subscriptions_of(endpoint, limit)
+
+    def group_holders(self, group: bytes) -> set[Endpoint]:
+        """Endpoints whose subscriptions may take messages of ``group``."""
+        return self.index.group_holders(group)  # type: ignore[return-value]
+
+    def iter_subscriptions(self, group: bytes | None = None):
+        """Every subscription as ``(endpoint, group, instance, pattern, subtype)``."""
+        return self.index.iter_subscriptions(group)
 
     @property
     def group_count(self) -> int:

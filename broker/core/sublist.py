@@ -303,6 +303,59 @@ class SubscriptionIndex:
     def groups(self) -> list[bytes]:
         return list(self._subs)
 
+    # ---- read-only views for the connection listing -------------------------
+
+    def subscriptions_of(
+        self, endpoint: Subscriber, limit: int | None = None
+    ) -> list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]]:
+        """What ``endpoint`` subscribes: ``(group, instance, None, subtype)`` for
+        instance subscriptions, ``(first segment, None, pattern, subtype)`` for Hat
+        patterns; at most ``limit`` of them."""
+        out: list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]] = []
+        subs = self._subs
+        for group, instance in self._owned.get(endpoint, ()):
+            if limit is not None and len(out) >= limit:
+                return out
+            out.append((group, instance, None, subs[group][instance][endpoint]))
+        for pattern, subtype in self._patterns.get(endpoint, {}).items():
+            if limit is not None and len(out) >= limit:
+                break
+            out.append((pattern[0] if pattern else b"", None, pattern, subtype))
+        return out
+
+    def group_holders(self, group: bytes) -> set[Subscriber]:
+        """Subscribers whose subscriptions may take messages of ``group``: instance
+        subscriptions on it, and Hat patterns whose first segment is it or a
+        wildcard.  Read from the indexes: no walk over every endpoint."""
+        out: set[Subscriber] = set()
+        for inst_map in self._subs.get(group, {}).values():
+            out.update(inst_map)
+        for holders in (self._pattern_groups.get(group), self._pattern_groups.get(None)):
+            if holders:
+                out.update(holders)
+        return out
+
+    def iter_subscriptions(self, group: bytes | None = None):
+        """Every subscription as ``(endpoint, group, instance, pattern, subtype)``
+        (the shapes of :meth:`subscriptions_of`); with ``group``, only those
+        :meth:`group_holders` would find.  A generator: the caller bounds the walk."""
+        groups = self._subs.items() if group is None else (
+            ((group, self._subs[group]),) if group in self._subs else ())
+        for g, gmap in groups:
+            for instance, inst_map in gmap.items():
+                for ep, subtype in inst_map.items():
+                    yield ep, g, instance, None, subtype
+        if group is None:
+            for ep, pats in self._patterns.items():
+                for pattern, subtype in pats.items():
+                    yield ep, pattern[0] if pattern else b"", None, pattern, subtype
+            return
+        for key in (group, None):
+            for ep in self._pattern_groups.get(key, {}):
+                for pattern, subtype in self._patterns.get(ep, {}).items():
+                    if pattern_group(pattern) == key:
+                        yield ep, pattern[0] if pattern else b"", None, pattern, subtype
+
     # ---- recipients -----------------------------------------------------------
 
     def _recipients(

@@ -9,7 +9,12 @@ Three layers, from pure to trio:
   request bodies (a request with one is answered and the connection
   closed).  It hands out :class:`Request` or :class:`HTTPError` items and
   turns a :class:`Reply` into response bytes.  No trio.
-- :func:`answer` (pure) maps a request to a :class:`Reply`.
+- :func:`answer` (pure) maps a request to a :class:`Reply`;
+  :meth:`MetricsHTTP.respond` first applies the listener's access rules
+  (:mod:`broker.observability.access`: bearer token, basic auth, 401 with
+  ``WWW-Authenticate``) and answers the connection listing
+  (:mod:`broker.observability.listing`, ``/connections`` and
+  ``/subscriptions``, JSON from bounded snapshots).
 - :class:`MetricsHTTP` is the thin trio layer: admission (at most
   ``MAX_CONNECTIONS``, idle ones evicted first), reads with deadlines, writes
   with a send timeout.  No thread: the scrape body is rendered synchronously
@@ -34,14 +39,18 @@ import trio
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.core.reasons import LISTENER_PROTOCOLS
+from broker.observability.access import MetricsAccess
 from broker.observability.latency import RouteLatency
+from broker.observability.listing import BadQuery, Listing
 from broker.observability.metrics import build_registry, prune_group_stats
+from broker.serving.config import is_loopback
 from broker.serving.context import BrokerContext
 from broker.serving.transport import (
     AcceptErrorLog,
     accept_loop,
     listener_address,
     open_listeners,
+    peer_address,
 )
 
 log = logging.getLogger(__name__)
@@ -84,11 +93,19 @@ ECHO_LIMIT = 120
 
 TEXT = "text/plain; charset=utf-8"
 ALLOW = (("Allow", "GET, HEAD"),)
-INDEX = b"Skan broker: /metrics (Prometheus text format), /healthz\n"
+JSON = "application/json"
+INDEX = (b"Skan broker: /metrics (Prometheus text format), /healthz, /connections and "
+         b"/subscriptions (JSON; see docs/metrics.md)\n")
+# Paths answered without credentials even when some are configured: load
+# balancers and orchestrators probe liveness without them.
+OPEN_PATHS = ("/healthz",)
+LISTING_PATHS = ("/connections", "/subscriptions")
 
 REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -322,7 +339,8 @@ def answer(item: Request | HTTPError, render_metrics: Callable[[], bytes]) -> Re
         return Reply(200, b"ok\n")
     if path == "/":
         return Reply(200, INDEX)
-    return Reply(404, f"no such path {_echo(path)!r} (try /metrics or /healthz)\n".encode())
+    return Reply(404, f"no such path {_echo(path)!r} (try /metrics, /healthz, /connections "
+                      "or /subscriptions)\n".encode())
 
 
 class _State(enum.Enum):
@@ -347,13 +365,7 @@ class _Slot:
 
 
 def _peer(stream: trio.abc.Stream) -> str:
-    inner = getattr(stream, "transport_stream", stream)
-    sock = getattr(inner, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
-    except (AttributeError, OSError):
-        return "?"
-    return f"{host}:{port}"
+    return peer_address(stream) or "?"
 
 
 @attrs.define(eq=False)
@@ -366,6 +378,14 @@ class MetricsHTTP:
     slots: set[_Slot] = attrs.Factory(set)
     # Connections closed to make room for a new one (idle or unfinished).
     evicted: int = 0
+    # The access rules as configured now (a SIGHUP reload may change them).
+    access: Callable[[], MetricsAccess] = MetricsAccess
+    # Answers /connections and /subscriptions; None: not served (404).
+    listing: Listing | None = None
+    # The address the listener binds, for the "listing is off" answer.
+    host: str = ""
+    # Counts a request refused for its credentials (auth_failures{protocol="metrics"}).
+    count_auth_failure: Callable[[str], None] | None = None
 
     def _fault(self, stream: trio.abc.Stream, fault: Fault, detail: str) -> None:
         if self.count is not None:
@@ -457,7 +477,7 @@ class MetricsHTTP:
                 slot.enter(_State.ANSWERING)
                 if isinstance(item, HTTPError):
                     self._fault(stream, item.fault, f"{item.status} {item.reason}")
-                out = conn.send_reply(answer(item, self.render))
+                out = conn.send_reply(await self.respond(stream, item))
                 try:
                     with trio.fail_after(SEND_TIMEOUT):
                         await stream.send_all(out)
@@ -473,6 +493,37 @@ class MetricsHTTP:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
+    async def respond(self, stream: trio.abc.Stream, item: Request | HTTPError) -> Reply:
+        """The reply to one request: access rules, the listing, then :func:`answer`."""
+        if (not isinstance(item, Request) or item.method not in ("GET", "HEAD")
+                or item.has_body):
+            return answer(item, self.render)
+        path = item.path
+        access = self.access()
+        if path not in OPEN_PATHS and not access.allows(item.header("authorization")):
+            if self.count_auth_failure is not None:
+                self.count_auth_failure(PROTOCOL)
+            given = "wrong" if item.header("authorization") else "no"
+            log.info("metrics client %s: %s credentials for %s; 401",
+                     _peer(stream), given, _echo(path))
+            return Reply(401, f"{given} credentials: this listener needs "
+                              f"{_schemes(access)}\n".encode(), headers=access.challenge())
+        if path not in LISTING_PATHS or self.listing is None:
+            return answer(item, self.render)
+        if not access.listing_served:
+            return Reply(403, f"{access.listing_off_reason(self.host)}\n".encode())
+        try:
+            if path == "/connections":
+                body = await self.listing.connections_json(item.target)
+            else:
+                body = await self.listing.subscriptions_json(item.target)
+        except BadQuery as exc:
+            return Reply(400, f"{exc}\n".encode())
+        except Exception:
+            log.exception("listing %s failed", path)
+            return Reply(500, b"listing failed; see the broker log\n")
+        return Reply(200, body, JSON)
+
     async def _timed_out(self, stream: trio.abc.Stream, conn: ServerConnection,
                          in_request: bool) -> None:
         if not in_request:
@@ -482,6 +533,15 @@ class MetricsHTTP:
         if conn.buffered:  # part of a request arrived: say why we close
             with trio.move_on_after(SEND_TIMEOUT):
                 await stream.send_all(conn.fail(408, "request not completed in time"))
+
+
+def _schemes(access: MetricsAccess) -> str:
+    schemes = []
+    if access.token is not None:
+        schemes.append("Authorization: Bearer <token>")
+    if access.username is not None:
+        schemes.append("Authorization: Basic <user:password>")
+    return " or ".join(schemes)
 
 
 async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -502,8 +562,19 @@ async def serve_metrics(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
 
     host = cfg.metrics.host if cfg.metrics.host is not None else cfg.broker.host
     listeners = await open_listeners(host, cfg.metrics.port, cfg.metrics.tls_cert,
-                                     cfg.metrics.tls_key)
-    server = MetricsHTTP(render, router.counters.protocol_error)
+                                     cfg.metrics.tls_key, tls_ca=cfg.metrics.tls_ca,
+                                     client_auth=cfg.metrics.tls_client_auth)
+    def access() -> MetricsAccess:
+        # Read per request from the running configuration: a SIGHUP reload
+        # that changes the credentials applies to the next request.
+        return MetricsAccess.from_section(ctx.config.metrics, is_loopback(host))
+
+    rules = access()
+    if not rules.listing_served:
+        log.warning("metrics: %s; /metrics stays open", rules.listing_off_reason(host))
+    server = MetricsHTTP(render, router.counters.protocol_error, access=access,
+                         listing=Listing(router), host=host,
+                         count_auth_failure=router.counters.auth_failure)
     # The broker's own accept loop: out of descriptors, it pauses and logs
     # once per interval (trio.serve_listeners would log a traceback each time).
     errors = AcceptErrorLog(PROTOCOL)

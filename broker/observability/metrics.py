@@ -343,15 +343,18 @@ class BrokerCollector(Collector):
     def _routelog(self, log: RoutingLog | None) -> Iterator[Metric]:
         if log is None:
             return
-        yield _counter("skan_routelog_records", "Routing-log records written.",
-                       log.records)
+        yield _counter("skan_routelog_records",
+                       "Routing-log records taken by the writer into its files.", log.records)
         yield _counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).",
                        log.files)
         yield _gauge("skan_routelog_queued_records",
                      "Routing-log records waiting for the writer.", log.queued)
         yield _gauge("skan_routelog_lag_seconds",
-                     "Age of the oldest routing-log record not yet written.",
+                     "Age of the oldest routing-log record the writer has not taken yet.",
                      log.lag_seconds)
+        yield _counter("skan_routelog_dropped_records",
+                       "Routing-log records dropped because [log] queue_records were waiting "
+                       "(when_full = \"drop\").", log.dropped)
         yield _counter("skan_routelog_backpressure_waits",
                        "Times routing waited for the routing-log writer (disk slower than "
                        "traffic).", log.backpressure_waits)

@@ -194,6 +194,7 @@ async def run_bridge(
     The endpoint lives as long as the broker, so messages for the peer are
     buffered even while it is unreachable.
     """
+    ep.remote = cfg.address
     router.attach(ep)
     # Section 7: the bridge acts as its configured user (default: full rights).
     router.login_bridge(ep, cfg.user)

@@ -23,17 +23,35 @@ from broker.core.queue import MIN_QUEUE_LIMIT
 from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
 MiB = 1024 * 1024
+# Python's logging level names, accepted in any case (stored lower case).
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
-    """A configuration value was refused; ``key`` is the dotted path."""
+    """A configuration value was refused; ``key`` is the dotted path.
 
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"config key {key!r}: {reason}")
+    One error, or several (``errors``: every refused key of a file, reported
+    at once; ``key`` and ``reason`` are then the first's).  ``text`` replaces
+    the usual "config key ..." line (a file that is not TOML).
+    """
+
+    def __init__(self, key: str, reason: str, *, text: str | None = None,
+                 errors: list[ConfigError] | None = None) -> None:
+        super().__init__(text or f"config key {key!r}: {reason}")
         self.key = key
         self.reason = reason
+        self.errors: list[ConfigError] = errors if errors is not None else [self]
+
+    @classmethod
+    def of(cls, errors: list[ConfigError]) -> ConfigError:
+        """One error for a list of them (the list's only one, or all of them)."""
+        flat = [e for err in errors for e in err.errors]
+        if len(flat) == 1:
+            return flat[0]
+        lines = "\n".join(f"  {e}" for e in flat)
+        return cls(flat[0].key, flat[0].reason, errors=flat,
+                   text=f"{len(flat)} configuration errors:\n{lines}")
 
 
 def _port(inst: Any, attr: attrs.Attribute, value: int) -> None:
@@ -88,7 +106,8 @@ class BrokerSection:
     drain_timeout: float = attrs.field(default=5.0, validator=_non_negative)
     # Diagnostics on stderr: level and "text" (one line per record) or "json"
     # (one JSON object per line, for log shippers).  Flags override both.
-    log_level: str = attrs.field(default="info", validator=_one_of(*LOG_LEVELS))
+    log_level: str = attrs.field(default="info", converter=str.lower,
+                                 validator=_one_of(*LOG_LEVELS))
     log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
     # Client connections of all listeners together (section 9); past it a new
     # connection gets its protocol's refusal and is closed.  Lowered at start
@@ -111,8 +130,8 @@ class BrokerSection:
     # slice in seconds, so it preempts a writer thread when a message arrives
     # (0: the kernel's default; Linux 6.12+ takes 0.0001 to 0.1) ...
     routing_slice: float = attrs.field(default=100e-6, validator=_non_negative)
-    # ... and the nice increment of the durable store's and the routing
-    # log's writer threads (0: as the routing thread; at most 19).
+    # ... and the nice increment of the durable store's writer thread (0: as
+    # the routing thread; at most 19).  The routing log's is [log] writer_nice.
     writer_nice: int = attrs.field(default=10, validator=_nice)
 
 
@@ -178,6 +197,12 @@ class MarinerSection(_PeerListener):
     token: str | None = None
 
 
+def _hex_sha256(inst: Any, attr: attrs.Attribute, value: str | None) -> None:
+    if value is not None and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF"
+                                                      for c in value)):
+        raise ValueError("must be 64 hex digits (skan-broker hash-token prints it)")
+
+
 @attrs.frozen
 class MetricsSection(_Listener):
     port: int = _port_field(9914)
@@ -190,6 +215,18 @@ class MetricsSection(_Listener):
     # client blow up the scrape size and Prometheus' memory.
     groups: tuple[str, ...] = ()
     top_groups: int = attrs.field(default=10, validator=_non_negative)
+    # Credentials every request but /healthz must carry once one is set
+    # (docs/metrics.md "Protection"): a bearer token (Prometheus'
+    # ``authorization: credentials:``) and/or a user name and password
+    # (``basic_auth:``), each in plain text or as its SHA-256 (skan-broker
+    # hash-token), as users' tokens are.  With none of them (and no required
+    # client certificate) /metrics is open as before and the connection
+    # listing is served only on a loopback bind.
+    token: str | None = None
+    token_sha256: str | None = attrs.field(default=None, validator=_hex_sha256)
+    username: str | None = None
+    password: str | None = None
+    password_sha256: str | None = attrs.field(default=None, validator=_hex_sha256)
 
 
 @attrs.frozen
@@ -199,9 +236,20 @@ class LogSection:
     # Rotate a file when it reaches this many bytes or this age, whichever first.
     rotate_bytes: int = attrs.field(default=64 * MiB, validator=_positive)
     rotate_seconds: float = attrs.field(default=60.0, validator=_positive)
+    # File format (docs/routing-log.md): Parquet with zstd, or JSON Lines.
+    format: str = attrs.field(default="parquet", validator=_one_of("parquet", "jsonl"))
     # Records buffered between the router and the writer thread before
-    # routing applies back-pressure.
+    # when_full applies: "drop" counts and drops further records, routing
+    # goes on; "backpressure" closes the admission gate until the writer
+    # has caught up.
     queue_records: int = attrs.field(default=200_000, validator=_positive)
+    when_full: str = attrs.field(default="drop", validator=_one_of("drop", "backpressure"))
+    # The routing-log writer thread's nice increment.  0: measured, a writer
+    # at nice 10 on a machine loaded by other processes fell behind a 30 s
+    # 1->1 flood (39% of the records dropped) while at 0 it kept up (peak
+    # queue 43,000 records) and its short per-batch work did not make
+    # routing later in process (docs/routing-log.md, "Performance").
+    writer_nice: int = attrs.field(default=0, validator=_nice)
     # Retention: the oldest complete files are removed once all complete files
     # together pass max_bytes, or a file is older than max_age seconds (0 = no
     # limit).  A routing log left alone must not fill the disk; 1 GiB is 16
@@ -246,12 +294,6 @@ class AuthSection:
     allow_anonymous: bool | None = None
     # Anonymous clients get this user's permissions (else full rights).
     anonymous_user: str | None = None
-
-
-def _hex_sha256(inst: Any, attr: attrs.Attribute, value: str | None) -> None:
-    if value is not None and (len(value) != 64 or any(c not in "0123456789abcdefABCDEF"
-                                                      for c in value)):
-        raise ValueError("must be 64 hex digits (skan-broker hash-token prints it)")
 
 
 def _group_patterns(inst: Any, attr: attrs.Attribute, value: tuple[str, ...]) -> None:
@@ -404,33 +446,41 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
 
 
 def _build(cls: type, table: Any, prefix: str) -> Any:
+    """One section; every refused key of it is reported (ConfigError.of), not the first."""
     if not isinstance(table, Mapping):
         raise ConfigError(prefix, "must be a table")
     hints = typing.get_type_hints(cls)
     fields = {a.name: a for a in attrs.fields(cls)}
     kwargs: dict[str, Any] = {}
+    errors: list[ConfigError] = []
     for name, value in table.items():
         key = f"{prefix}.{name}"
         if name not in fields:
-            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(fields))})")
-        kwargs[name] = _coerce(key, hints[name], value)
+            errors.append(ConfigError(key, f"unknown key (known: {', '.join(sorted(fields))})"))
+            continue
+        try:
+            kwargs[name] = _coerce(key, hints[name], value)
+        except ConfigError as exc:
+            errors.append(exc)
     for name, field in fields.items():
-        if field.default is attrs.NOTHING and name not in kwargs:
-            raise ConfigError(f"{prefix}.{name}", "is required")
+        if field.default is attrs.NOTHING and name not in kwargs and name not in table:
+            errors.append(ConfigError(f"{prefix}.{name}", "is required"))
+    # attrs validators raise ValueError(reason): run each (after its
+    # converter) to name every key refused, then build the object.
+    for name, value in kwargs.items():
+        field = fields[name]
+        if field.validator is None:
+            continue
+        try:
+            field.validator(None, field, field.converter(value) if field.converter else value)
+        except ValueError as exc:
+            errors.append(ConfigError(f"{prefix}.{name}", str(exc)))
+    if errors:
+        raise ConfigError.of(errors)
     try:
-        obj = cls(**kwargs)
+        return cls(**kwargs)
     except ValueError as exc:
-        # attrs validators raise ValueError(reason); find which key it was.
-        for name, value in kwargs.items():
-            validator = fields[name].validator
-            if validator is None:
-                continue
-            try:
-                validator(None, fields[name], value)
-            except ValueError as inner:
-                raise ConfigError(f"{prefix}.{name}", str(inner)) from None
         raise ConfigError(prefix, str(exc)) from None
-    return obj
 
 
 def _check_bridge(key: str, bridge: BridgeSection) -> None:
@@ -450,33 +500,56 @@ def _check_bridge(key: str, bridge: BridgeSection) -> None:
 
 
 def from_mapping(data: Mapping[str, Any]) -> Config:
-    """Build a :class:`Config` from parsed TOML, refusing anything unknown or invalid."""
+    """Build a :class:`Config` from parsed TOML, refusing anything unknown or invalid.
+
+    Every refused key of every section is reported at once (a
+    :class:`ConfigError` with ``errors``); the cross-field checks of
+    :func:`validate` follow once each key is valid on its own.
+    """
     kwargs: dict[str, Any] = {}
+    errors: list[ConfigError] = []
+
+    def build(cls: type, table: Any, prefix: str) -> Any:
+        try:
+            return _build(cls, table, prefix)
+        except ConfigError as exc:
+            errors.append(exc)
+            return None
+
     for name, value in data.items():
         if name == "bridges":
             if not isinstance(value, list):
-                raise ConfigError("bridges", "must be an array of tables ([[bridges]])")
+                errors.append(ConfigError("bridges", "must be an array of tables ([[bridges]])"))
+                continue
             bridges = []
             for i, table in enumerate(value):
-                bridge = _build(BridgeSection, table, f"bridges[{i}]")
-                _check_bridge(f"bridges[{i}]", bridge)
+                bridge = build(BridgeSection, table, f"bridges[{i}]")
+                if bridge is None:
+                    continue
+                try:
+                    _check_bridge(f"bridges[{i}]", bridge)
+                except ConfigError as exc:
+                    errors.append(exc)
                 bridges.append(bridge)
             kwargs["bridges"] = tuple(bridges)
         elif name == "users":
             if not isinstance(value, list):
-                raise ConfigError("users", "must be an array of tables ([[users]])")
+                errors.append(ConfigError("users", "must be an array of tables ([[users]])"))
+                continue
             kwargs["users"] = tuple(
-                _build(UserSection, table, f"users[{i}]") for i, table in enumerate(value)
+                build(UserSection, table, f"users[{i}]") for i, table in enumerate(value)
             )
         elif name in _SECTIONS:
             if name == "cluster" and isinstance(value, Mapping) and isinstance(
                 value.get("url"), str
             ):
                 value = {**value, "url": [value["url"]]}  # one URL or a list
-            kwargs[name] = _build(_SECTIONS[name], value, name)
+            kwargs[name] = build(_SECTIONS[name], value, name)
         else:
             known = ", ".join(sorted([*_SECTIONS, "bridges", "users"]))
-            raise ConfigError(name, f"unknown section (known: {known})")
+            errors.append(ConfigError(name, f"unknown section (known: {known})"))
+    if errors:
+        raise ConfigError.of(errors)
     config = Config(**kwargs)
     validate(config)
     return config
@@ -509,12 +582,34 @@ def validate(config: Config) -> None:
         if section.tls_client_auth != "none" and section.tls_ca is None:
             raise ConfigError(f"{name}.tls_client_auth",
                               "client certificates need tls_ca (the CA that signs them)")
-        if name == "metrics" and section.tls_client_auth != "none":
+        if name == "metrics" and section.tls_client_auth == "optional":
             raise ConfigError("metrics.tls_client_auth",
-                              "client certificates are not supported on the metrics listener")
+                              "the metrics listener takes 'none' or 'require' (a required "
+                              "certificate is its credential; use token or username for "
+                              "clients without one)")
         if section.tls_ca is not None and section.tls_cert is None:
             raise ConfigError(f"{name}.tls_ca", "needs tls_cert and tls_key (TLS on the listener)")
+    _validate_metrics_credentials(config.metrics)
     _validate_users(config)
+
+
+def _validate_metrics_credentials(m: MetricsSection) -> None:
+    if m.token is not None and m.token_sha256 is not None:
+        raise ConfigError("metrics.token", "give token or token_sha256, not both")
+    if m.token == "":
+        raise ConfigError("metrics.token", "must not be empty")
+    if m.password is not None and m.password_sha256 is not None:
+        raise ConfigError("metrics.password", "give password or password_sha256, not both")
+    has_password = m.password is not None or m.password_sha256 is not None
+    if m.username is not None and not has_password:
+        raise ConfigError("metrics.username", "needs password or password_sha256 (basic auth)")
+    if has_password and not m.username:
+        raise ConfigError("metrics.password", "needs username (basic auth)")
+    if m.username is not None and ":" in m.username:
+        raise ConfigError("metrics.username", "must not contain ':' (basic auth joins "
+                          "user and password with it)")
+    if m.password == "":
+        raise ConfigError("metrics.password", "must not be empty")
 
 
 def _validate_users(config: Config) -> None:
@@ -624,9 +719,12 @@ def load(path: str | None) -> Config:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}",
+                          text=f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
+        # The file's own TOML error (it says the line and column).
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}",
+                          text=f"{path}: not valid TOML: {exc}") from None
     return from_mapping(data)
 
 

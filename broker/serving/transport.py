@@ -107,10 +107,51 @@ async def _open_shared_listeners(host: str, port: int) -> list[trio.abc.Listener
 LISTEN_BACKLOG = 0xFFFF
 
 
+async def probe_listen(host: str, port: int, *, reuse_port: bool = False) -> None:
+    """Raise the OSError that binding ``host:port`` would raise now (address in
+    use, not available, permission), binding as :func:`open_listeners` does and
+    closing at once.
+
+    The broker checks its ports this way before any service creates files, so
+    a start that fails on a busy port leaves no store or routing-log directory
+    behind.  The real bind stays the authority (the port may be taken in
+    between; then start-up fails as before).  Port 0 always binds.
+    """
+    if port == 0:
+        return
+    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                          flags=socket.AI_PASSIVE)
+    for family, type_, proto, _, sockaddr in infos:
+        sock = trio.socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind(sockaddr)
+            # Linux lets a socket with SO_REUSEADDR bind beside a listening
+            # one only until it listens: listen() is what reports EADDRINUSE.
+            sock.listen(1)
+        finally:
+            sock.close()
+
+
 def listener_address(listener: trio.abc.Listener) -> tuple[str, int]:
     inner = getattr(listener, "transport_listener", listener)
     host, port = inner.socket.getsockname()[:2]
     return host, port
+
+
+def peer_address(stream: trio.abc.Stream) -> str | None:
+    """The peer's ``host:port`` (``[v6]:port``), or None when the socket says nothing."""
+    inner = getattr(stream, "transport_stream", stream)
+    sock = getattr(inner, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ---- the writer loop ----------------------------------------------------------------
@@ -572,6 +613,7 @@ async def serve_protocol(
             return
         try:
             ep = new_endpoint()
+            ep.remote = peer_address(stream)  # once per connection (the listing shows it)
             router.attach(ep)
             await run_connection(
                 stream, ep, router, ctx.connections,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import attrs
 
 # Frame bytes of spool inserts kept across failed commits: the same bound as
-# the writer's queue (broker/store/store.py MAX_PENDING_BYTES), so a stalled
+# the writer's queue (broker/store/writer.py MAX_PENDING_BYTES), so a stalled
 # disk takes at most twice that memory.
 MAX_CARRY_BYTES = 64 * 1024 * 1024
 # Spool deletes kept across failed commits (about 100 bytes of memory each,

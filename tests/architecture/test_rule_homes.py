@@ -35,12 +35,39 @@ def _table(title: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
         homes: list[tuple[str, list[str]]] = []
         for token in re.findall(r"`([^`]+)`", cells[-1]):
             if re.fullmatch(r"[\w/]+\.(py|c)|[\w/]+/", token):
+                if "/" not in token and homes:  # ``parquet.py`` next to the file before it
+                    token = str(pathlib.PurePosixPath(homes[-1][0]).parent / token)
                 homes.append((token, []))
             elif homes and re.fullmatch(r"[A-Za-z_][\w.]*", token):
                 homes[-1][1].append(token)
         if homes:
             rows.append((cells[0].strip("| "), homes))
     return rows
+
+
+def _mentioned(path: pathlib.Path) -> set[str]:
+    """Every name a module defines at any depth: functions, classes (and
+    Class.method), assigned names and ``self.attributes``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names.update(f"{node.name}.{n.name}" for n in node.body
+                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+def _anywhere() -> set[str]:
+    found: set[str] = set()
+    for package in PRODUCT:
+        for path in (ROOT / package).rglob("*.py"):
+            found |= _mentioned(path)
+    return found
 
 
 def _defined(path: pathlib.Path) -> set[str]:
@@ -59,6 +86,7 @@ def _defined(path: pathlib.Path) -> set[str]:
     return names
 
 
+_ANYWHERE = _anywhere()
 ONE_HOME = _table("One home per rule")
 SPEC = _table("Where each rule of the specification lives")
 
@@ -73,7 +101,10 @@ def test_each_home_exists_and_defines_its_names(rule, homes):
         path = ROOT / file
         assert path.exists(), f"{rule}: {file} does not exist"
         if names and path.suffix == ".py":
-            missing = set(names) - _defined(path)
+            # A name is defined in the file (at any depth); a ``Class.method``
+            # the row points to from there may live in another module.
+            missing = {n for n in set(names) - _mentioned(path)
+                       if "." not in n or n not in _ANYWHERE}
             assert not missing, f"{rule}: {file} does not define {sorted(missing)}"
 
 

@@ -104,12 +104,14 @@ def broker():
 
 
 @pytest.mark.parametrize(("tool", "args", "listener", "needle"), [
-    ("skan", ["stats"], "metrics", "is not a Skan broker"),
+    ("skan", ["stats"], "metrics", "is not a Skan broker: it answers HTTP"),
     ("skan", ["stats"], "eventer", "is not a Skan broker"),
-    ("skan", ["stats"], "hsp", "is not a Skan broker"),
+    ("skan", ["stats"], "hsp", "is the broker's HSP port"),
     ("skan", ["stats"], "mariner", "is not a Skan broker"),
     ("skan", ["--protocol", "hsp", "stats"], "skan", "is not a Skan broker"),
     ("skan", ["--protocol", "hsp", "stats"], "eventer", "is not a Skan broker"),
+    ("skan", ["--protocol", "hsp", "stats"], "metrics",
+     "is not a Skan broker: it answers HTTP, not HSP"),
     ("skan-eventer", ["query", "latest"], "skan", "is not an Eventer server"),
     ("skan-eventer", ["query", "latest"], "hsp", "is not an Eventer server"),
     ("skan-eventer", ["query", "latest"], "mariner", "is not an Eventer server"),
@@ -151,7 +153,39 @@ def test_request_timeout_is_one_line(broker):
     result = run("skan", "--port", str(broker.skan[1]), "request", "nobody-answers", "q",
                  "--timeout", "0.5")
     assert result.returncode == 1
-    assert "no reply within 0.5s" in result.one_line_error()
+    line = result.one_line_error()
+    assert "no reply within 0.5s" in line and "is a `skan reply nobody-answers` running?" in line
+
+
+def test_request_to_an_unknown_lname_says_so(broker):
+    responder = Running("skan", "--port", str(broker.skan[1]), "reply", "svc")
+    try:
+        lname = responder.wait_stderr("replying to requests").rsplit(" as ", 1)[1].strip()
+        port = str(broker.skan[1])
+        result = run("skan", "--port", port, "request", "svc", "q", "--to", "nosuch@host",
+                     "--timeout", "0.5")
+        assert result.returncode == 1
+        line = result.one_line_error()
+        # A responder runs: the message must not suggest starting one.
+        assert "skan reply svc` running" not in line
+        assert "no connection has the lname nosuch@host and subscribes to svc" in line
+        # The right lname answers.
+        result = run("skan", "--port", port, "request", "svc", "q", "--to", lname,
+                     "--timeout", "5")
+        assert result.returncode == 0 and "repl=1" in result.stdout, result.stderr
+        # A subscriber that gets the request but does not answer is told apart.
+        listener = Running("skan", "--port", port, "sub", "svc")
+        try:
+            banner = listener.wait_stderr("subscribed to svc/*")
+            silent = re.search(r" as (\S+)", banner).group(1)
+            result = run("skan", "--port", port, "request", "svc", "q", "--to", silent,
+                         "--timeout", "0.5")
+            assert result.returncode == 1
+            assert f"{silent} received it and did not answer" in result.one_line_error()
+        finally:
+            listener.stop(signal.SIGINT)
+    finally:
+        responder.stop(signal.SIGINT)
 
 
 @pytest.mark.parametrize(("tool", "args", "listener"), [

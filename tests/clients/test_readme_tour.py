@@ -31,6 +31,20 @@ def tour() -> tuple[list[str], str]:
     return commands, python.group(1)
 
 
+def stats_shown() -> list[tuple[str, str]]:
+    """The (key, value) lines the README's `skan stats` example shows."""
+    text = README.read_text()
+    block = text[text.index(".venv/bin/skan stats\n"):]
+    block = block[:block.index("```")]
+    out = []
+    for line in block.splitlines()[1:]:
+        key, _, value = line.removeprefix("# ").partition(" ")
+        value = value.strip()
+        if key and key != "uptime" and value not in ("", "..."):
+            out.append((key, value))
+    return out
+
+
 def argv(command: str, port: int) -> tuple[str, list[str]]:
     words = shlex.split(command.split("  #")[0])
     name = words[0].removeprefix(".venv/bin/")
@@ -65,6 +79,12 @@ def test_readme_tour_end_to_end():
         assert stats.returncode == 0
         assert re.search(r"^messages_in\s+2$", stats.stdout, re.M), stats.stdout
         assert re.search(r"^connections\s+skan=", stats.stdout, re.M), stats.stdout
+        # Every line the README shows (but the uptime and elided values) is printed so.
+        shown = stats_shown()
+        assert len(shown) >= 3
+        for key, value in shown:
+            assert re.search(rf"^{key}\s+{re.escape(value)}$", stats.stdout, re.M), (
+                key, value, stats.stdout)
         ended = sub.stop()  # Ctrl-C, as the tour says
         assert ended.returncode == 130
         ended.assert_clean()

@@ -15,6 +15,7 @@ from clients.hsp import SkanOverHSP
 from clients.skan import SkanClient
 from tests.analytics.conftest import spark  # noqa: F401 - the one local Spark session
 from tests.cluster.natsproc import NatsCluster, cluster_broker
+from tests.observability.routelog.logfiles import read_log
 
 pytestmark = pytest.mark.spark
 
@@ -65,8 +66,7 @@ def two_logs(tmp_path_factory) -> list[pathlib.Path]:
 
 
 def _records(log_dir: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(log_dir.glob("routelog-*.jsonl"))
-            for line in f.read_text().splitlines()]
+    return read_log(log_dir)
 
 
 def test_each_broker_logs_with_its_server_id(two_logs):

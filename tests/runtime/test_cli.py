@@ -17,9 +17,11 @@ from tests.brokerproc import ROOT, BrokerProcess
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+def run_broker(*args: str, timeout: float = 20, cwd: os.PathLike | str | None = None
+               ) -> subprocess.CompletedProcess:
+    # Never the checkout: a broker's default directories are relative (var/...).
     return subprocess.run([sys.executable, "-m", "broker", *args], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd if cwd is not None else "/")
 
 
 @pytest.mark.parametrize(
@@ -36,7 +38,6 @@ def run_broker(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
          "bridges[0].address", "host:port"),
         ("[[bridges]]\nprotocol = 'smtp'\naddress = 'h:1'\ngroup = 'g'\n",
          "bridges[0].protocol", "must be one of"),
-        ("this is not toml", "--config", "not valid TOML"),
     ],
 )
 def test_bad_config_refused_with_key_and_reason(tmp_path, toml, key, reason):
@@ -47,7 +48,64 @@ def test_bad_config_refused_with_key_and_reason(tmp_path, toml, key, reason):
     assert info.value.key == key and reason in info.value.reason
     proc = run_broker("--config", str(path), "--skan-port", "0")
     assert proc.returncode == 2
-    assert key in proc.stderr and reason in proc.stderr
+    # The start-up error names the file, as --check-config does.
+    assert f"skan-broker: {path}: config key {key!r}: " in proc.stderr
+    assert reason in proc.stderr
+
+
+def test_invalid_toml_is_reported_as_the_files_toml_error(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[broker]\nmax_frame = 1\nthis is not toml\n")
+    for args in (["--config", str(path)], ["--check-config", str(path)]):
+        proc = run_broker(*args)
+        assert proc.returncode == 2
+        line = proc.stderr.strip()
+        assert line.startswith(f"skan-broker: {path}: not valid TOML: "), line
+        assert "(at line 3, column 6)" in line and "config key" not in line, line
+
+
+def test_every_wrong_key_is_reported_at_once(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[broker]\nbogus = 1\nmax_frame = 'big'\nlog_level = 'loud'\n"
+                    "[skan]\nport = 70000\n[nosuch]\nx = 1\n[[users]]\ncolour = 'red'\n")
+    with pytest.raises(cfgmod.ConfigError) as info:
+        cfgmod.load(str(path))
+    keys = [e.key for e in info.value.errors]
+    assert keys == ["broker.bogus", "broker.max_frame", "broker.log_level", "skan.port",
+                    "nosuch", "users[0].colour", "users[0].name"]
+    for args in (["--config", str(path)], ["--check-config", str(path)]):
+        proc = run_broker(*args)
+        assert proc.returncode == 2
+        lines = proc.stderr.splitlines()
+        assert lines[0] == f"skan-broker: {path}: 7 configuration errors:"
+        assert [line.split("'")[1] for line in lines[1:]] == keys
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "Info", "warning", "ERROR", "CRITICAL"])
+def test_log_level_takes_pythons_names_in_any_case(tmp_path, level):
+    path = tmp_path / "c.toml"
+    path.write_text(f"[broker]\nlog_level = {level!r}\n")
+    assert cfgmod.load(str(path)).broker.log_level == level.lower()
+    proc = run_broker("--check-config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(cfgmod.ConfigError, match="must be one of"):
+        cfgmod.from_mapping({"broker": {"log_level": "LOUD"}})
+
+
+def test_an_upper_case_log_level_from_the_file_applies():
+    with BrokerProcess('[broker]\nlog_level = "DEBUG"\n') as b:
+        pass
+    assert any(" INFO " in line for line in b.stderr_lines), b.stderr_lines[:20]
+    with BrokerProcess('[broker]\nlog_level = "WARNING"\n') as b:
+        pass
+    assert not any(" INFO " in line for line in b.stderr_lines), b.stderr_lines[:20]
+
+
+def test_help_names_every_form_of_the_command():
+    proc = run_broker("--help")
+    assert proc.returncode == 0
+    usage = proc.stdout.split("\n\n")[0]
+    assert "skan-broker hash-token" in usage and "--check-config FILE" in usage
 
 
 def test_flags_override_config(tmp_path):
@@ -68,14 +126,25 @@ def test_example_config_loads():
 
 def test_missing_config_file_refused():
     proc = run_broker("--config", "/nonexistent/broker.toml")
-    assert proc.returncode == 2 and "cannot read" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("skan-broker: cannot read /nonexistent/broker.toml: "
+                                   "No such file or directory")
 
 
-def test_port_in_use_is_a_clear_error():
+@pytest.mark.parametrize("busy", ["skan", "metrics"])
+def test_port_in_use_is_a_clear_error_and_leaves_nothing_behind(tmp_path, busy):
     with BrokerProcess() as b:
-        proc = run_broker("--skan-port", str(b.skan[1]), "--hsp-port", "0", "--eventer-port",
-                          "0", "--mariner-port", "0", "--metrics-port", "0")
-        assert proc.returncode != 0 and "cannot start" in proc.stderr
+        ports = {name: "0" for name in ("skan", "hsp", "eventer", "mariner", "metrics")}
+        ports[busy] = str(b.addr[busy][1])
+        flags = [arg for name, port in ports.items() for arg in (f"--{name}-port", port)]
+        # The default directories (var/routing-log, var/store) are relative to
+        # the working directory: the broker must not create them when it
+        # cannot listen.
+        proc = run_broker(*flags, cwd=tmp_path)
+        assert proc.returncode == 1
+        assert f"cannot start {busy} listener on 127.0.0.1:{ports[busy]}" in proc.stderr
+        assert "address already in use" in proc.stderr
+        assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

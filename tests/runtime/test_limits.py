@@ -295,10 +295,13 @@ async def test_max_connections_is_fitted_to_a_low_hard_limit_and_healthz_keeps_a
     assert not any("Traceback" in line for line in broker.stderr_lines)
 
 
-async def test_running_out_of_descriptors_is_logged_once_and_clients_keep_being_served(caplog):
+async def test_running_out_of_descriptors_is_logged_once_and_clients_keep_being_served(
+        caplog, tmp_path):
     caplog.set_level(logging.INFO)
     ports = {s: {"port": 0} for s in ("skan", "hsp", "eventer", "mariner", "metrics")}
-    cfg = from_mapping({**ports, "log": {"enabled": False}})
+    # The store's directory in the test's own (the default is relative: var/store).
+    cfg = from_mapping({**ports, "log": {"enabled": False, "dir": str(tmp_path / "log")},
+                        "store": {"dir": str(tmp_path / "store")}})
     stop = trio.Event()
     ctx_out: list = []
     addrs: dict[str, tuple[str, int]] = {}

@@ -176,7 +176,7 @@ def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog
     # fails with SQLITE_FULL ("database or disk is full"), as on a full disk.
     pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
     store._conn.execute(f"PRAGMA max_page_count = {pages}")
-    caplog.set_level(logging.ERROR, logger="broker.store.store")
+    caplog.set_level(logging.ERROR, logger="broker.store.writer")
     failed = []
     for _ in range(5):
         failed += route(router, sender, 1, size=20_000)

@@ -13,7 +13,7 @@ from wire.skan.codec import (
     frame,
     item_bytes,
 )
-from wire.skan.framing import FrameSplitter
+from wire.skan.framing import FrameSplitter, looks_like_skan
 
 __all__ = [
     "MAGIC",
@@ -31,4 +31,5 @@ __all__ = [
     "encode_item",
     "frame",
     "item_bytes",
+    "looks_like_skan",
 ]

@@ -12,9 +12,16 @@ import contextlib
 
 from wire.buffer import ReceiveBuffer
 from wire.errors import FramingError
-from wire.skan.codec import PURE_PYTHON
+from wire.skan.codec import MAGIC, PURE_PYTHON
 
 MAGIC_LEN = 4
+
+
+def looks_like_skan(data: bytes) -> bool:
+    """Whether the first bytes a peer sent look like a Skan frame (length, then
+    the ``Skan`` magic), for listeners of other protocols that want to tell a
+    Skan client it dialled the wrong port."""
+    return len(data) >= 4 + MAGIC_LEN and data[4:4 + MAGIC_LEN] == MAGIC and data[0] == 0
 
 
 class FrameSplitter:

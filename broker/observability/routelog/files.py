@@ -6,8 +6,13 @@ A file is written under a hidden temporary name (``.NAME.tmp``), then
 fsynced, renamed to ``NAME`` and the directory fsynced, so a reader that
 lists the directory (a Spark file-stream source skips names starting with
 ``.`` or ``_``) only ever sees complete files.  A killed broker leaves its
-current file hidden; the next broker on that directory keeps its complete
-lines (truncating a torn last line) and publishes it under its final name.
+current file hidden; the next broker on that directory keeps a JSON Lines
+file's complete lines (truncating a torn last line) and publishes it under
+its final name, and removes a Parquet file (unreadable without the footer
+written at its end), counting it.
+
+Both formats may share a directory (a broker switched from ``jsonl`` to
+``parquet`` keeps its old files): retention and recovery treat both.
 
 One broker owns a directory at a time: it holds an exclusive ``flock`` on
 ``.lock``, so a second broker pointed at the same directory is refused
@@ -27,7 +32,10 @@ import attrs
 log = logging.getLogger(__name__)
 
 PREFIX = "routelog-"
-SUFFIX = ".jsonl"
+PARQUET_SUFFIX = ".parquet"
+JSONL_SUFFIX = ".jsonl"
+SUFFIXES = (PARQUET_SUFFIX, JSONL_SUFFIX)
+SUFFIX = PARQUET_SUFFIX  # what a broker writes by default ([log] format)
 TMP_SUFFIX = ".tmp"
 LOCK_NAME = ".lock"
 # Recovery reads a torn file's tail backwards in blocks of this size to find its last newline.
@@ -42,15 +50,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def final_name(server_id: int, opened: float, counter: int) -> str:
-    """``routelog-<server id>-<UTC open time>-<counter>.jsonl``: unique, sorts by time."""
+def final_name(server_id: int, opened: float, counter: int, suffix: str = SUFFIX) -> str:
+    """``routelog-<server id>-<UTC open time>-<counter>.parquet``: unique, sorts by time."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(opened))
     micros = int(opened * 1_000_000) % 1_000_000
-    return f"{PREFIX}{server_id}-{stamp}.{micros:06d}Z-{counter:06d}{SUFFIX}"
+    return f"{PREFIX}{server_id}-{stamp}.{micros:06d}Z-{counter:06d}{suffix}"
 
 
 def is_temp(name: str) -> bool:
-    return name.startswith("." + PREFIX) and name.endswith(SUFFIX + TMP_SUFFIX)
+    return name.startswith("." + PREFIX) and any(
+        name.endswith(suffix + TMP_SUFFIX) for suffix in SUFFIXES)
 
 
 class LogFile:
@@ -135,7 +144,7 @@ class LogFile:
 
 def is_complete(name: str) -> bool:
     """A published log file (complete and fsynced), as opposed to the hidden one being written."""
-    return name.startswith(PREFIX) and name.endswith(SUFFIX)
+    return name.startswith(PREFIX) and name.endswith(SUFFIXES)
 
 
 @attrs.define
@@ -151,6 +160,8 @@ class Recovery:
     files: int = 0
     torn_bytes: int = 0
     removed_empty: int = 0
+    # Parquet files a killed broker left without their footer (their records are lost).
+    removed_unfinished: int = 0
 
 
 class LogDirectory:
@@ -159,6 +170,8 @@ class LogDirectory:
     def __init__(self, path: str, server_id: int) -> None:
         self.path = path
         self.server_id = server_id
+        # The suffix of the files this broker writes (its [log] format).
+        self.suffix = SUFFIX
         self._counter = 0
         self._lock_fd = -1
         self._last_open = 0.0
@@ -196,6 +209,10 @@ class LogDirectory:
             if not is_temp(name):
                 continue
             temp = os.path.join(self.path, name)
+            if name.endswith(PARQUET_SUFFIX + TMP_SUFFIX):
+                os.unlink(temp)
+                result.removed_unfinished += 1
+                continue
             kept, torn = _truncate_torn_tail(temp)
             result.torn_bytes += torn
             if kept == 0:
@@ -204,12 +221,13 @@ class LogDirectory:
                 continue
             os.rename(temp, os.path.join(self.path, name[1 : -len(TMP_SUFFIX)]))
             result.files += 1
-        if result.files or result.removed_empty:
+        if result.files or result.removed_empty or result.removed_unfinished:
             fsync_dir(self.path)
             log.warning(
                 "routing log: published %d file(s) a previous broker left unfinished "
-                "(%d torn bytes dropped, %d empty removed)",
-                result.files, result.torn_bytes, result.removed_empty,
+                "(%d torn bytes dropped, %d empty removed); removed %d unfinished Parquet "
+                "file(s), whose records are lost",
+                result.files, result.torn_bytes, result.removed_empty, result.removed_unfinished,
             )
         return result
 
@@ -218,7 +236,7 @@ class LogDirectory:
         # Names carry the open time; never let two files share one (clock steps back).
         now = max(time.time(), self._last_open + 1e-6)
         self._last_open = now
-        return LogFile(self.path, final_name(self.server_id, now, self._counter))
+        return LogFile(self.path, final_name(self.server_id, now, self._counter, self.suffix))
 
     def prune(self, max_bytes: int, max_age: float, now: float | None = None) -> Pruned:
         """Remove the oldest complete files until the rest fit ``max_bytes`` and ``max_age``.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterable
 
 from broker.core.bounded import BoundedCache
@@ -109,6 +110,8 @@ class RecordBuffer:
     def __init__(self, limit: int, on_full: Callable[[], None],
                  router: Router | None = None, server: int | None = None) -> None:
         self.lines: list[str] = []
+        # time.time() when the oldest buffered line was routed (lag_seconds).
+        self.first_at = 0.0
         # The writing broker's server id (the router's unless given).
         self.server = server if server is not None else (
             router.server_id if router is not None else 0)
@@ -124,6 +127,8 @@ class RecordBuffer:
 
     def observe(self, batch: list[Routed]) -> None:
         """Router observer: one line per routed message of the batch."""
+        if not self.lines:
+            self.first_at = time.time()
         if _lines_c is None:
             self.observe_py(batch)
         else:
@@ -176,6 +181,9 @@ class RecordBuffer:
             h = routed.header
             key = (routed.sender, h[b"group"], h[b"instance"], h[b"to"])
         return self._parts.get(key) or self._new_parts(routed)
+
+    def pending(self) -> int:
+        return len(self.lines)
 
     def take(self) -> list[str]:
         lines, self.lines = self.lines, []

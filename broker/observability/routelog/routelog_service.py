@@ -50,9 +50,11 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         queue_records=cfg.queue_records,
         max_bytes=cfg.max_bytes,
         max_age=cfg.max_age,
+        format=cfg.format,
+        when_full=cfg.when_full,
         close_gate=lambda: gate.close(GATE_HOLDER),
         request_open=request_open,
-        thread_setup=functools.partial(lower_thread_priority, ctx.config.broker.writer_nice),
+        thread_setup=functools.partial(lower_thread_priority, cfg.writer_nice),
     )
     routelog.recovery = recovery
     routelog.waits_source = lambda: gate.waits

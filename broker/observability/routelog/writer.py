@@ -1,23 +1,28 @@
 """The routing log: a router observer feeding a writer thread through a bounded queue.
 
-Routing path (trio thread): the observer (:class:`.record.RecordBuffer`)
-formats each routed message into one JSON line and buffers it.  Every
-``handoff_size`` records (and on a short timer, see
-:mod:`broker.observability.routelog.routelog_service`) the buffered lines go to the writer thread
-as one batch.
+Routing path (trio thread): the observer appends each routed message's
+record to a buffer, compiled: ``format = "parquet"`` (the default) to
+column buffers (:class:`.columns.ColumnBuffer`), ``"jsonl"`` as a JSON line
+(:class:`.record.RecordBuffer`).  Every ``handoff_size`` records (and on a
+short timer, see :mod:`broker.observability.routelog.routelog_service`) the buffer
+goes to the writer thread as one batch: the writer is woken per batch,
+never per message.
 
-Writer thread: joins a batch and writes it with one ``os.write`` (the GIL is
-released during the syscall), rotates by size and by age, and publishes
-finished files atomically (:mod:`.files`).
+Writer thread, Parquet: makes Arrow arrays of each batch's buffers as they
+are and every :data:`.parquet.ROW_GROUP_ROWS` records encodes a row group
+(:mod:`.parquet`: pyarrow's C++), appends its bytes to the hidden file,
+rotates by size and by age, and publishes finished files atomically
+(:mod:`.files`).  JSON Lines: joins a batch and writes it with one
+``os.write``.
 
-Back-pressure: the observer always accepts (routing is synchronous and must
-not block).  When more than ``queue_records`` records wait for the disk, the
-hand-off calls ``close_gate``; the service closes the connections' admission
-gate so no connection reads more input.  Once the writer has brought the
-backlog down to half the bound it calls ``request_open`` (thread-safe) and
-the gate reopens.  No record is ever dropped: on a disk error the writer
-retries the same step with capped backoff while the backlog (and the gate)
-holds the input back.
+When more than ``queue_records`` records wait for the writer (a disk that
+fails or cannot keep up), ``when_full`` decides: ``"drop"`` (the default)
+drops each further hand-off batch, counted in ``dropped`` and logged, and
+routing goes on; ``"backpressure"`` calls ``close_gate`` (the service closes
+the connections' admission gate, so no connection reads more input) until
+the writer has brought the backlog down to half the bound and calls
+``request_open`` (thread-safe).  On a disk error the writer retries the same
+step with capped backoff; what it holds is never dropped.
 """
 
 from __future__ import annotations
@@ -26,15 +31,20 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from broker.core.backoff import Backoff
 from broker.core.router import Router
+from broker.observability.routelog.columns import ColumnBuffer, Columns, parts_only
 from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
 from broker.observability.routelog.record import RecordBuffer
 
 log = logging.getLogger(__name__)
+
+FORMATS = ("parquet", "jsonl")
+WHEN_FULL = ("drop", "backpressure")
 
 # Records per hand-off batch: big enough that queue and write overheads
 # vanish per record (one os.write of ~1 MB), small enough that a batch is
@@ -46,6 +56,8 @@ RETRY_MAX = 5.0
 # After a stop was requested a broken disk may not hold the broker forever:
 # give up (loudly, counting what is lost) after this many seconds of errors.
 STOP_RETRY_SECONDS = 30.0
+# Seconds between two log lines about dropped records (when_full = "drop").
+DROP_LOG_INTERVAL = 10.0
 
 _STOP = None
 
@@ -57,15 +69,18 @@ def _noop() -> None:
 class RoutingLog:
     """Writes one record per routed message; exposes the counters metrics export.
 
-    ``records``: records written to log files; ``files``: files completed
-    (fsynced and published); ``queued``: records accepted but not yet
-    written; ``lag_seconds``: how far the written log trails routing;
-    ``backpressure_waits``: reads that waited on the closed admission gate
-    (set by the service); ``backpressure_closes``: times the gate was closed;
-    ``errors``: disk operations that failed and were retried; ``lost``:
-    records given up at stop after the disk failed for ``STOP_RETRY_SECONDS``;
-    ``pruned_files`` / ``pruned_bytes``: complete files removed by retention
-    (``max_bytes`` / ``max_age``, oldest first).
+    ``records``: records the writer has taken into its files (a Parquet
+    file's records reach the disk with their row group and become visible
+    when the file is published); ``files``: files completed (fsynced and
+    published); ``queued``: records accepted but not yet taken by the
+    writer; ``lag_seconds``: the age of the oldest of them;
+    ``dropped``: records dropped because the queue was full
+    (``when_full = "drop"``); ``backpressure_waits``: reads that waited on
+    the closed admission gate (set by the service); ``backpressure_closes``:
+    times the gate was closed; ``errors``: disk operations that failed and
+    were retried; ``lost``: records given up at stop after the disk failed
+    for ``STOP_RETRY_SECONDS``; ``pruned_files`` / ``pruned_bytes``: complete
+    files removed by retention (``max_bytes`` / ``max_age``, oldest first).
     """
 
     def __init__(
@@ -77,11 +92,22 @@ class RoutingLog:
         queue_records: int,
         max_bytes: int = 0,
         max_age: float = 0.0,
+        format: str = "parquet",
+        when_full: str = "drop",
         close_gate: Callable[[], None] = _noop,
         request_open: Callable[[], None] = _noop,
         thread_setup: Callable[[], object] = _noop,
     ) -> None:
+        if format not in FORMATS or when_full not in WHEN_FULL:
+            raise ValueError(f"format {format!r} / when_full {when_full!r}")
+        if format == "parquet":
+            # pyarrow now, not at the first hand-off: its import (~0.5 s, ~75 MiB
+            # of libraries) would hold the GIL while routing runs.
+            from broker.observability.routelog import parquet  # noqa: F401
         self.directory = directory
+        self.format = format
+        self.when_full = when_full
+        directory.suffix = "." + format
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.queue_records = queue_records
@@ -101,6 +127,7 @@ class RoutingLog:
         self.files = 0
         self.errors = 0
         self.lost = 0
+        self.dropped = 0
         # Retention: complete files (and their bytes) removed as too old or over max_bytes.
         self.pruned_files = 0
         self.pruned_bytes = 0
@@ -109,11 +136,19 @@ class RoutingLog:
         # Set when the writer thread died of an unexpected exception.
         self.failure: BaseException | None = None
         self.waits_source: Callable[[], int] = lambda: 0
-        self.buffer: RecordBuffer | None = None
-        self._queue: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self.buffer: RecordBuffer | ColumnBuffer | None = None
+        self._queue: queue.SimpleQueue[list[str] | Columns | None] = queue.SimpleQueue()
+        # Trio thread: (handed count after a batch, time.time() its first record
+        # was routed) of each batch the writer may not have taken yet (lag_seconds).
+        self._batches: deque[tuple[int, float]] = deque()
+        self._last_drop_log = -DROP_LOG_INTERVAL
         self._file: LogFile | None = None
+        # Parquet: the open file's encoder and the tables of its next row group.
+        self._encoder: Any = None
+        self._rows: list[Any] = []
+        self._row_count = 0
+        self._parts_table: Any = None
         self._stopping = False
-        self._last_written = time.time()
         self._thread = threading.Thread(target=self._run, name="routelog-writer", daemon=True)
 
     # ---- trio thread ------------------------------------------------------
@@ -123,20 +158,43 @@ class RoutingLog:
 
     def attach(self, router: Router) -> None:
         """Register the observer: it never blocks and never fails."""
-        self.buffer = RecordBuffer(self.handoff_size, self.handoff, router)
+        kind = ColumnBuffer if self.format == "parquet" else RecordBuffer
+        self.buffer = kind(self.handoff_size, self.handoff, router)
         router.observers.append(self.buffer.observe)
 
     def handoff(self) -> None:
-        """Give the buffered lines to the writer; close the gate past the bound."""
-        if self.buffer is None or not self.buffer.lines:
+        """Give the buffered lines to the writer; past the bound drop them or close the gate."""
+        if self.buffer is None or not self.buffer.pending():
             return
+        first_at = self.buffer.first_at
         pending = self.buffer.take()
-        self.handed += len(pending)
+        count = pending.rows if isinstance(pending, Columns) else len(pending)
+        backlog = self.handed - self.records - self.lost
+        if backlog > self.queue_records and self.when_full == "drop":
+            self.dropped += count
+            if isinstance(pending, Columns) and pending.new_parts:
+                self._queue.put(parts_only(pending))  # later keys may name these parts
+            now = time.monotonic()
+            if now - self._last_drop_log >= DROP_LOG_INTERVAL:
+                self._last_drop_log = now
+                log.error("routing log: %d records wait for the disk (queue_records %d): "
+                          "dropping new records, %d dropped so far (when_full = \"drop\")",
+                          backlog, self.queue_records, self.dropped)
+            return
+        self.handed += count
+        self._batches.append((self.handed, first_at))
+        self._forget_written()
         self._queue.put(pending)
-        if not self.gate_closed and self.handed - self.records > self.queue_records:
+        if (not self.gate_closed and self.when_full == "backpressure"
+                and self.handed - self.records > self.queue_records):
             self.gate_closed = True
             self.backpressure_closes += 1
             self._close_gate()
+
+    def _forget_written(self) -> None:
+        batches, done = self._batches, self.records + self.lost
+        while batches and batches[0][0] <= done:
+            batches.popleft()
 
     def reopen_if_drained(self) -> bool:
         """Trio thread: reopen the gate when the backlog is down to the low-water mark."""
@@ -157,18 +215,20 @@ class RoutingLog:
 
     @property
     def queued(self) -> int:
-        pending = len(self.buffer.lines) if self.buffer is not None else 0
+        pending = self.buffer.pending() if self.buffer is not None else 0
         return self.handed + pending - self.records - self.lost
 
     @property
     def lag_seconds(self) -> float:
-        """While records wait: seconds since the writer last caught up (else 0).
-
-        An upper bound of the age of the oldest record not yet written.
-        """
-        if not self.queued:
+        """Trio thread: the age of the oldest record the writer has not taken (else 0)."""
+        self._forget_written()
+        if self._batches:
+            oldest = self._batches[0][1]
+        elif self.buffer is not None and self.buffer.pending():
+            oldest = self.buffer.first_at
+        else:
             return 0.0
-        return max(0.0, time.time() - self._last_written)
+        return max(0.0, time.time() - oldest)
 
     @property
     def backpressure_waits(self) -> int:
@@ -192,7 +252,10 @@ class RoutingLog:
                 if batch is _STOP:
                     break
                 if batch:
-                    self._write(batch)
+                    if self.format == "parquet":
+                        self._take_rows(batch)
+                    else:
+                        self._write(batch)
                 f = self._file
                 if f is not None and time.monotonic() - f.opened >= self.rotate_seconds:
                     self._finish()
@@ -207,13 +270,59 @@ class RoutingLog:
             log.exception("routing log writer failed")
             self.failure = exc
 
+    def _take_rows(self, batch: Columns) -> None:
+        """Parquet: a batch's columns join the next row group (written once it is full)."""
+        from broker.observability.routelog.parquet import ROW_GROUP_ROWS, columns_to_table
+
+        if self._parts_table is None:
+            from broker.observability.routelog.parquet import PartsTable
+
+            self._parts_table = PartsTable()
+        table = columns_to_table(batch, self._parts_table)
+        if not table.num_rows:
+            return  # the parts of a dropped batch
+        if self._file is None:
+            self._open()
+        self._rows.append(table)
+        self._row_count += table.num_rows
+        self._file.records += table.num_rows
+        self.records += table.num_rows
+        if self._row_count >= ROW_GROUP_ROWS:
+            self._write_row_group()
+            f = self._file
+            if f is not None and f.size >= self.rotate_bytes:
+                self._finish()
+
+    def _open(self) -> LogFile:
+        f = self._file = self._retry(self.directory.new_file, "open a log file")
+        if self.format == "parquet":
+            from broker.observability.routelog.parquet import ParquetEncoder
+
+            self._encoder = ParquetEncoder()
+        return f
+
+    def _write_row_group(self) -> None:
+        if self._rows:
+            data = self._encoder.row_group(self._rows)
+            self._rows, self._row_count = [], 0
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        f = self._file
+        assert f is not None
+        try:
+            f.write(data)
+        except OSError as exc:
+            self._retry(f.drain, f"write {f.name}", exc)
+
     def _write(self, batch: list[str]) -> None:
+        """JSON Lines: one batch of lines into the file(s), whole lines per file."""
         data = memoryview("".join(batch).encode())
         whole = True  # the batch went into one file: its line count is len(batch)
         while data:
             f = self._file
             if f is None:
-                f = self._file = self._retry(self.directory.new_file, "open a log file")
+                f = self._open()
             room = self.rotate_bytes - f.size
             if len(data) <= room:
                 chunk, data = data, data[len(data):]
@@ -227,21 +336,20 @@ class RoutingLog:
                 if cut == 0:  # one line longer than rotate_bytes: a file of its own
                     cut = bytes(data).find(b"\n") + 1
                 chunk, data = data[:cut], data[cut:]
-            try:
-                f.write(chunk)
-            except OSError as exc:
-                self._retry(f.drain, f"write {f.name}", exc)
+            self._append(chunk)
             n = len(batch) if whole else bytes(chunk).count(b"\n")
             f.records += n
             self.records += n
             if f.size >= self.rotate_bytes:
                 self._finish()
-        if self.handed == self.records:
-            self._last_written = time.time()
 
     def _finish(self) -> None:
         f = self._file
         assert f is not None
+        if self._encoder is not None:
+            self._write_row_group()
+            self._append(self._encoder.finish())
+            self._encoder = None
         self._retry(f.finish, f"finish {f.name}")
         self._file = None
         self.files += 1

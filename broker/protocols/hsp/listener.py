@@ -56,7 +56,7 @@ from wire.hsp import (
     ProtocolError,
     data_prefix,
 )
-from wire.skan import SkanError, encode_frame
+from wire.skan import SkanError, encode_frame, looks_like_skan
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,19 @@ ERROR_REASONS = {MALFORMED: ErrorKind.MALFORMED, REJECTED: ErrorKind.REJECTED,
 # Every delivery is DATA Type 1: these 3 bytes, then the Skan frame as routed
 # (its 4-byte length prefix is HSP's Length field).
 DELIVERY_PREFIX = data_prefix(SKAN_TYPE)
+
+# Said (as a Skan error frame) to a native Skan client on the HSP port.
+WRONG_PORT = ("this is the broker's HSP port: native Skan clients use the Skan port (9912 "
+              "by default); to speak HSP here use `skan --protocol hsp`")
+
+
+def _skan_not_hsp(data: bytes) -> bool:
+    """A connection's first bytes are a Skan frame (a length under 16 MiB, then
+    the "Skan" magic), not HSP.  Read as HSP they would be a DATA whose Length
+    ends in "Ska" (over 5 MiB) and whose payload begins with "n": for Type 1
+    that payload would have to be a Skan frame of over 1.8 GB, and other
+    Types are dropped anyway, so no HSP client's opening looks like this."""
+    return looks_like_skan(data)
 
 # What a connection over max_connections receives before it is closed: the
 # Skan error frame as DATA Type 1, as every fault of a plain DATA is reported.
@@ -133,6 +146,14 @@ class HSPEndpoint(QueuedEndpoint):
         """Handle received bytes, at most one slice of commands; True when commands
         are left for another slice (the transport calls again with b"")."""
         inp = self.input
+        if data and not self.opened and not self.hsp.buffered and _skan_not_hsp(data):
+            # A Skan client dialled the HSP port (its getlname frame read as
+            # HSP would announce a payload of megabytes and wait for it):
+            # tell it in Skan, at once, and close.
+            self.counters.protocol_error(self.protocol, ErrorKind.PROTOCOL_VIOLATION)
+            self.enqueue(encode_frame({"type": "error", "error": WRONG_PORT}))
+            self.closing = CloseReason.PROTOCOL_ERROR
+            return False
         if data:
             try:
                 inp.add(self.hsp.receive_data(data))

@@ -316,3 +316,41 @@ def test_every_reason_the_code_uses_is_an_enum_member():
         found += len(calls.findall(text))
         assert not literal.search(text), (path, literal.search(text).group())
     assert found > 20  # the patterns still find the call sites
+
+
+def test_routelog_lag_is_the_age_of_the_oldest_waiting_record_and_drops_count(tmp_path):
+    """``skan_routelog_lag_seconds``: the oldest record the writer has not taken
+    (not the time since the queue was last empty); ``skan_routelog_dropped_records``:
+    each record dropped with when_full = "drop"."""
+    import time
+
+    from broker.observability.routelog.files import LogDirectory
+    from broker.observability.routelog.writer import RoutingLog
+    from tests.observability.routelog.test_record import send, sink
+
+    ctx = BrokerContext(config=Config(metrics=MetricsSection()), router=Router())
+    directory = LogDirectory(str(tmp_path), 1)
+    directory.open()
+    rl = ctx.routelog = RoutingLog(directory, rotate_bytes=1 << 30, rotate_seconds=3600.0,
+                                   queue_records=8, when_full="drop")
+    rl.attach(ctx.router)
+    pub = sink(ctx.router)
+
+    def scraped() -> dict:
+        return samples(generate_latest(build_registry(ctx, ["skan"])).decode())
+
+    assert value(scraped(), "skan_routelog_lag_seconds") == 0
+    send(ctx.router, pub)  # the writer is not running: it waits
+    time.sleep(0.4)
+    for _ in range(19):
+        send(ctx.router, pub)  # 2 per hand-off: the first 10 are taken, then dropped
+    data = scraped()
+    assert 0.4 <= value(data, "skan_routelog_lag_seconds") < 2.0
+    assert value(data, "skan_routelog_dropped_records_total") == 10
+    assert value(data, "skan_routelog_queued_records") == 10
+    rl.start()
+    rl.stop()
+    rl.join()
+    data = scraped()
+    assert value(data, "skan_routelog_lag_seconds") == 0
+    assert value(data, "skan_routelog_records_total") == 10

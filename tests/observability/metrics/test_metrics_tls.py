@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import ssl
+import sys
 
 import pytest
 import trio
 import trustme
 
 from broker.serving.config import ConfigError, from_mapping
-from tests.brokerproc import BrokerProcess
+from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import RawHTTP
 
 
@@ -60,3 +62,44 @@ def test_cert_without_key_is_refused():
     with pytest.raises(ConfigError) as err:
         from_mapping({"metrics": {"tls_cert": "/x.pem"}})
     assert err.value.key == "metrics.tls_cert"
+
+
+async def test_a_required_client_certificate_opens_the_listing_off_loopback(tmp_path):
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "m.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "m.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    config = (f'[metrics]\nhost = "0.0.0.0"\ntls_cert = "{tmp_path / "m.pem"}"\n'
+              f'tls_key = "{tmp_path / "m.key"}"\ntls_ca = "{tmp_path / "ca.pem"}"\n'
+              'tls_client_auth = "require"\n')
+    with BrokerProcess(config) as b:
+        addr = ("127.0.0.1", b.addr["metrics"][1])
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        ca.issue_cert("scraper").configure_cert(ctx)
+        conn = await RawHTTP.open(addr, ctx)
+        await conn.send(b"GET /connections HTTP/1.1\r\nHost: localhost\r\n"
+                        b"Connection: close\r\n\r\n")
+        resp = await conn.response()
+        assert resp.status == 200 and b'"connections"' in resp.body
+        await conn.aclose()
+        # Without a certificate the handshake fails: nothing is answered.
+        bare = ssl.create_default_context()
+        ca.configure_trust(bare)
+        with pytest.raises((trio.BrokenResourceError, EOFError)):
+            conn = await RawHTTP.open(addr, bare)
+            await conn.send(b"GET /connections HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            await conn.response()
+        assert not any("listing is off" in line for line in b.stderr_lines)
+        # The command line presents its certificate with the usual TLS options.
+        client = ca.issue_cert("operator")
+        client.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "op.pem"))
+        proc = await trio.run_process(
+            [sys.executable, "-m", "clients.cli", "--host", "127.0.0.1", "--tls-ca",
+             str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "op.pem"), "connections",
+             "--metrics-port", str(addr[1])],
+            capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(b"LNAME") and b"# 0-0 of 0 connections" in proc.stdout

@@ -14,8 +14,14 @@ def visible(path) -> list[str]:
     return sorted(n for n in os.listdir(path) if not n.startswith("."))
 
 
+def jsonl_dir(path, server: int = 1) -> LogDirectory:
+    d = LogDirectory(str(path), server)
+    d.suffix = ".jsonl"
+    return d
+
+
 def test_file_is_hidden_until_finished(tmp_path):
-    d = LogDirectory(str(tmp_path), 7)
+    d = jsonl_dir(tmp_path, 7)
     d.open()
     f = d.new_file()
     f.write(b'{"a":1}\n')
@@ -34,7 +40,9 @@ def test_names_are_unique_and_sort_by_time(tmp_path):
     d.open()
     names = [d.new_file().name for _ in range(50)]
     assert len(set(names)) == 50 and names == sorted(names)
-    assert final_name(1, 0.5, 3) == "routelog-1-19700101T000000.500000Z-000003.jsonl"
+    assert final_name(1, 0.5, 3) == "routelog-1-19700101T000000.500000Z-000003.parquet"
+    assert final_name(1, 0.5, 3, ".jsonl") == "routelog-1-19700101T000000.500000Z-000003.jsonl"
+    assert names[0].endswith(".parquet")
 
 
 def test_second_owner_is_refused(tmp_path):
@@ -56,7 +64,7 @@ def test_unusable_directory_is_reported(tmp_path):
 
 
 def test_recovery_publishes_complete_lines_only(tmp_path):
-    d = LogDirectory(str(tmp_path), 1)
+    d = jsonl_dir(tmp_path)
     d.open()
     torn = d.new_file()
     torn.write(b'{"n":1}\n{"n":2}\n{"n":3,"tor')
@@ -77,7 +85,7 @@ def test_recovery_publishes_complete_lines_only(tmp_path):
 
 
 def test_recovery_finds_a_newline_far_from_the_end(tmp_path):
-    d = LogDirectory(str(tmp_path), 1)
+    d = jsonl_dir(tmp_path)
     d.open()
     f = d.new_file()
     f.write(b"x" * 10 + b"\n" + b"y" * 200_000)  # longer than one tail block
@@ -121,3 +129,24 @@ def test_resumable_write_after_a_failure(tmp_path):
     f.finish()
     assert (tmp_path / f.name).read_bytes() == b"0123456789\n"
     d.close()
+
+
+def test_recovery_removes_an_unfinished_parquet_file_and_keeps_jsonl_ones(tmp_path):
+    """A killed Parquet writer's file has no footer: removed and counted; an old
+    JSON Lines file of the same directory is still recovered."""
+    old = jsonl_dir(tmp_path)
+    old.open()
+    f = old.new_file()
+    f.write(b'{"n":1}\n')
+    f.abandon()
+    old.suffix = ".parquet"
+    p = old.new_file()
+    p.write(b"PAR1 row groups but no footer")
+    p.abandon()
+    old.close()
+    again = LogDirectory(str(tmp_path), 1)
+    result = again.open()
+    assert (result.files, result.removed_unfinished) == (1, 1)
+    assert visible(tmp_path) == [f.name]
+    assert [n for n in os.listdir(tmp_path) if n != LOCK_NAME and n.startswith(".")] == []
+    again.close()

@@ -13,8 +13,8 @@ from tests.observability.routelog.test_record import send, sink
 from tests.observability.routelog.test_writer import make_log, published, read_all, wait_for
 
 
-def _file(tmp_path, n: int, size: int, age: float = 0.0) -> str:
-    name = final_name(1, 1_700_000_000 + n, n)
+def _file(tmp_path, n: int, size: int, age: float = 0.0, suffix: str = ".parquet") -> str:
+    name = final_name(1, 1_700_000_000 + n, n, suffix)
     path = tmp_path / name
     path.write_bytes(b"x" * (size - 1) + b"\n")
     if age:
@@ -26,7 +26,8 @@ def _file(tmp_path, n: int, size: int, age: float = 0.0) -> str:
 def test_prune_by_bytes_removes_oldest_first_and_keeps_the_hidden_file(tmp_path):
     d = LogDirectory(str(tmp_path), 1)
     d.open()
-    names = [_file(tmp_path, n, 1000) for n in range(5)]
+    # Old JSON Lines files count and go like Parquet ones (a directory may hold both).
+    names = [_file(tmp_path, n, 1000, suffix=(".jsonl", ".parquet")[n % 2]) for n in range(5)]
     hidden = tmp_path / (".x" + names[0] + ".tmp")
     hidden.write_bytes(b"y" * 5000)
     pruned = d.prune(max_bytes=2500, max_age=0)
@@ -56,7 +57,8 @@ def test_no_limits_remove_nothing(tmp_path):
 
 
 def test_writer_applies_retention_after_each_file_and_counts(tmp_path):
-    router, rl = make_log(tmp_path, rotate_bytes=4000, queue_records=40, max_bytes=9000)
+    router, rl = make_log(tmp_path, rotate_bytes=4000, queue_records=40, max_bytes=9000,
+                          format="jsonl")
     rl.start()
     pub = sink(router)
     for i in range(300):
@@ -92,7 +94,7 @@ async def test_retention_is_exported_in_metrics():
     from tests.brokerproc import BrokerProcess
     from tests.observability.metrics.httpc import scrape, value
 
-    config = "[log]\nrotate_bytes = 2000\nmax_bytes = 5000\n"
+    config = '[log]\nrotate_bytes = 2000\nmax_bytes = 5000\nformat = "jsonl"\n'
     with BrokerProcess(config) as broker:
         async with SkanClient.connect(*broker.skan) as c:
             for i in range(400):

@@ -1,16 +1,21 @@
-"""The writer thread: rotation by size and age, back-pressure signals, stop flushes all."""
+"""The writer thread: both formats, rotation by size and age, when_full (back-pressure or
+drop, counted), the lag of the oldest waiting record, stop flushes all."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 
+import pyarrow.parquet as pq
+import pytest
+
 from broker.core.router import NORMAL, Router
+from broker.observability.routelog import parquet
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
-from tests.observability.routelog.test_record import send, sink
+from tests.observability.routelog.logfiles import read_log
+from tests.observability.routelog.test_record import records, send, sink
 
 
 def published(path) -> list[str]:
@@ -18,19 +23,15 @@ def published(path) -> list[str]:
 
 
 def read_all(path) -> list[dict]:
-    out = []
-    for name in published(path):
-        data = (path / name).read_text()
-        assert data.endswith("\n")
-        out += [json.loads(line) for line in data.splitlines()]
-    return out
+    return read_log(path)
 
 
 def make_log(tmp_path, router=None, **kw) -> tuple[Router, RoutingLog]:
     router = router or Router(hostname="test")
     d = LogDirectory(str(tmp_path), 1)
     d.open()
-    opts = {"rotate_bytes": 1 << 30, "rotate_seconds": 3600.0, "queue_records": 1000, **kw}
+    opts = {"rotate_bytes": 1 << 30, "rotate_seconds": 3600.0, "queue_records": 1000,
+            "when_full": "backpressure", **kw}
     rl = RoutingLog(d, **opts)
     rl.attach(router)
     return router, rl
@@ -43,8 +44,9 @@ def wait_for(cond, timeout=10.0):
         time.sleep(0.01)
 
 
-def test_stop_writes_every_record_in_order(tmp_path):
-    router, rl = make_log(tmp_path)
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_stop_writes_every_record_in_order(tmp_path, fmt):
+    router, rl = make_log(tmp_path, format=fmt)
     rl.start()
     pub, sub = sink(router), sink(router)
     router.subscribe(sub, b"g", b"*", NORMAL)
@@ -55,10 +57,69 @@ def test_stop_writes_every_record_in_order(tmp_path):
     recs = read_all(tmp_path)
     assert [r["seq"] for r in recs] == [str(i) for i in range(2500)]
     assert (rl.records, rl.files, rl.queued, rl.lag_seconds) == (2500, 1, 0, 0.0)
+    assert published(tmp_path)[0].endswith("." + fmt)
+    assert recs[0]["recipients"] == {"skan": 1} and recs[0]["delivered"] == 1
 
 
-def test_rotation_by_size(tmp_path):
-    router, rl = make_log(tmp_path, rotate_bytes=4000, queue_records=40)  # 10 per hand-off
+def test_parquet_columns_equal_the_json_lines(tmp_path):
+    """Every column holds what the JSON line says, field for field (odd bytes included)."""
+    router, rl = make_log(tmp_path)
+    pub, a, b = sink(router), sink(router), sink(router, "eventer")
+    router.subscribe(a, b"g", b"*", NORMAL)
+    router.subscribe(b, b"g", b"*", NORMAL)
+    routed = [send(router, pub, seq=b"7"), send(router, pub, group=b"none", seq=b""),
+              send(router, pub, group="gr\u00fcn".encode(), instance=b"bin\xff", seq=b"a\"b")]
+    rl.start()
+    rl.stop()
+    rl.join()
+    assert read_all(tmp_path) == records(routed)
+    table = pq.read_table(tmp_path / published(tmp_path)[0])
+    assert table.schema.equals(parquet.SCHEMA)
+    assert table.column("recipients").to_pylist()[0] == [("eventer", 1), ("skan", 1)]
+    assert table.column("recipients").to_pylist()[1] == []
+
+
+def test_row_groups_and_rotation_by_size_in_parquet(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 100)
+    router, rl = make_log(tmp_path, rotate_bytes=1, queue_records=40)  # 10 per hand-off
+    rl.start()
+    pub = sink(router)
+    for i in range(1000):
+        send(router, pub, seq=str(i).encode())
+        if i % 10 == 9:
+            wait_for(lambda: rl.queued == 0)
+    rl.stop()
+    rl.join()
+    names = published(tmp_path)
+    assert len(names) == rl.files == 10  # a file per row group: each passes rotate_bytes
+    assert all(pq.ParquetFile(tmp_path / n).metadata.num_rows == 100 for n in names)
+    assert [r["seq"] for r in read_all(tmp_path)] == [str(i) for i in range(1000)]
+
+
+def test_when_full_drop_counts_every_dropped_record_and_routing_goes_on(tmp_path):
+    closes = []
+    router, rl = make_log(tmp_path, queue_records=20, when_full="drop",
+                          close_gate=lambda: closes.append(1))
+    pub = sink(router)
+    # The writer thread is not running yet: nothing drains, the backlog grows.
+    for _ in range(100):
+        send(router, pub)
+    assert closes == [] and not rl.gate_closed and rl.backpressure_closes == 0
+    # Batches of 5 (queue_records // 4): accepted while at most 20 wait, then dropped.
+    assert rl.handed == 25 and rl.dropped == 75 and rl.queued == 25
+    rl.start()
+    wait_for(lambda: rl.queued == 0)
+    for _ in range(10):  # the writer caught up: nothing more is dropped
+        send(router, pub)
+    rl.stop()
+    rl.join()
+    assert len(read_all(tmp_path)) == 35 == rl.records
+    assert rl.dropped == 75 and rl.handed + rl.dropped == 110
+
+
+def test_rotation_by_size_in_json_lines(tmp_path):
+    router, rl = make_log(tmp_path, rotate_bytes=4000, queue_records=40,  # 10 per hand-off
+                          format="jsonl")
     rl.start()
     pub = sink(router)
     for i in range(300):
@@ -120,13 +181,66 @@ def test_backlog_closes_the_gate_and_draining_reopens_it(tmp_path):
     assert len(read_all(tmp_path)) == 130
 
 
-def test_lag_is_reported_while_records_wait(tmp_path):
-    router, rl = make_log(tmp_path)
+def test_lag_is_the_age_of_the_oldest_waiting_record(tmp_path):
+    router, rl = make_log(tmp_path, queue_records=4000)  # hand-offs of 1000
     pub = sink(router)
     send(router, pub)
-    time.sleep(0.05)
-    assert rl.queued == 1 and rl.lag_seconds >= 0.05
+    time.sleep(0.3)
+    send(router, pub)
+    assert rl.queued == 2 and 0.3 <= rl.lag_seconds < 1.0  # buffered, not yet handed off
+    rl.handoff()
+    time.sleep(0.2)
+    # Handed off but not taken: still the first record's age, not since some idle moment.
+    assert 0.5 <= rl.lag_seconds < 1.5
     rl.start()
+    wait_for(lambda: rl.queued == 0)
+    assert rl.lag_seconds == 0.0
+    send(router, pub)  # a new record: its own age, not the time since the writer last caught up
+    assert rl.lag_seconds < 0.1
     rl.stop()
     rl.join()
     assert rl.queued == 0 and rl.lag_seconds == 0.0
+
+
+def test_parts_carry_across_hand_offs_and_epochs(tmp_path, monkeypatch):
+    """A hand-off carries only the parts added since the previous one; once the table
+    holds PARTS_CACHE parts a new epoch starts: every record still reads back right."""
+    from broker.observability.routelog import columns
+
+    monkeypatch.setattr(columns, "PARTS_CACHE", 4)
+    router, rl = make_log(tmp_path, queue_records=20)  # hand-offs of 5
+    pub, sub = sink(router), sink(router)
+    routed = []
+    for i in range(60):
+        group = f"g{i % 7}".encode()
+        if i % 11 == 0:
+            router.subscribe(sub, group, b"*", NORMAL)  # new recipient tuples, new parts
+        routed.append(send(router, pub, group=group, seq=str(i).encode()))
+    assert rl.buffer._epoch > 2
+    rl.start()
+    rl.stop()
+    rl.join()
+    assert read_all(tmp_path) == records(routed)
+
+
+def test_dropped_batches_still_give_the_writer_their_parts(tmp_path):
+    """Records of a dropped batch are gone, but the parts it introduced reach the writer:
+    later batches' keys name them (a broker once failed on exactly this)."""
+    router, rl = make_log(tmp_path, queue_records=8, when_full="drop")  # hand-offs of 2
+    pub = sink(router)
+    routed = [send(router, pub, group=f"g{i}".encode(), seq=str(i).encode())
+              for i in range(40)]  # each group new parts; most batches dropped
+    later = [send(router, pub, group=f"g{i}".encode(), seq=str(100 + i).encode())
+             for i in range(40)]  # the same parts again, from the cache
+    assert rl.dropped > 0
+    rl.start()
+    wait_for(lambda: rl.queued == 0)
+    again = [send(router, pub, group=f"g{i}".encode(), seq=str(200 + i).encode())
+             for i in range(0, 40, 5)]
+    rl.stop()
+    rl.join()
+    got = read_all(tmp_path)
+    assert rl.failure is None and len(got) == rl.records == 80 + len(again) - rl.dropped
+    want = {r["seq"]: r for r in records(routed + later + again)}
+    assert all(r == want[r["seq"]] for r in got)
+    assert [r["seq"] for r in got[-len(again):]] == [str(200 + i) for i in range(0, 40, 5)]

@@ -383,3 +383,17 @@ async def test_error_counts_by_reason_in_metrics(hsp_broker):
             before, name, protocol="hsp", **labels)
         assert delta == 1, (name, labels)
     await raw.aclose()
+
+
+@pytest.mark.parametrize("token", [None, "t" * 400, "u" * 70000])
+async def test_a_skan_client_on_the_hsp_port_is_told_in_skan(broker, token):
+    raw = await RawSkan.open(broker.addr["hsp"])
+    message = {"type": "getlname"} if token is None else {"type": "getlname", "token": token}
+    with trio.fail_after(3):  # at once, not after the handshake timeout
+        await raw.send(message)
+        got = await raw.expect_closed()
+    assert [m[b"type"] for m in got] == [b"error"]
+    assert b"HSP port" in got[0][b"error"] and b"--protocol hsp" in got[0][b"error"]
+    # The listener goes on serving HSP clients.
+    async with SkanOverHSP.connect(*broker.addr["hsp"]) as client:
+        assert client.lname

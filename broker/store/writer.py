@@ -1,0 +1,809 @@
+"""The store's writer: routed messages, bridge spools and resume points, written behind.
+
+Routing never waits for the disk.  The router observer :meth:`Store.add`
+appends one tuple to a deque (a bridge's spool changes go the same way);
+a writer thread takes everything queued, waits ``flush_interval`` to
+gather more, and commits it in one SQLite transaction (WAL, fsync on
+commit).  After each commit the trio side learns, in commit order, up to
+which EventId messages are on disk (:meth:`Store.reports`), which is when
+Eventer clients that asked for persisted notifications get them.
+
+A failed commit (disk full, I/O error) loses that batch's persistence, not
+its routing: it is counted, logged at most once per :data:`LOG_INTERVAL`,
+reported as not persisted, and the writer goes on with the next batch.
+When the writer falls behind by more than :data:`MAX_PENDING_BYTES`, new
+messages are routed but not persisted (counted as ``overload``).
+
+Readers (:mod:`broker.store.reader`) run in the trio thread on their own
+connection; they first commit what is still queued (:meth:`StoreWriter.flush`),
+so a query sees every message routed before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from array import array
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from operator import attrgetter
+
+import attrs
+
+from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
+from broker.core.router import Routed, Router
+from broker.store.batch_rows import (
+    MAX_RUN,
+    MAX_RUN_BYTES,
+    MAX_RUN_SPAN,
+    RunBuilder,
+    batch_row,
+    unpack,
+)
+from broker.store.carry import SpoolCarry
+from broker.store.db import (
+    BUSY_TIMEOUT_MS,
+    DB_NAME,
+    open_store,
+    read_meta,
+)
+from broker.store.heap import trim
+from wire.hattime import split_timestamp
+
+log = logging.getLogger(__name__)
+
+# Operations queued for the writer thread (first element of each tuple; a
+# routing batch is queued as the list itself).
+LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW = range(5)
+
+# Bytes of frames queued for the writer before new messages are no longer
+# persisted (routing goes on): bounds the memory a stalled disk can take.
+MAX_PENDING_BYTES = 64 * 1024 * 1024
+# Seconds between two log lines about failed writes or overload: a full
+# disk must not flood the log.
+LOG_INTERVAL = 10.0
+# Frame bytes of one write transaction, and the WAL size past which the
+# writer checkpoints and truncates it: max_bytes / WAL_SHARE each, so the
+# store's files stay within about 1.5x max_bytes (docs/store.md, "Disk
+# bounds"), but at least MIN_TXN_BYTES (few, large commits when max_bytes
+# is small) and at most MAX_TXN_BYTES (a commit's fsync stays short).
+WAL_SHARE = 8
+MIN_TXN_BYTES = 256 * 1024
+MAX_TXN_BYTES = 32 * 1024 * 1024
+# Frame bytes committed between two malloc_trim calls: large frames leave
+# free heap behind (broker/store/heap.py); a trim costs ~0.1-1 ms.
+TRIM_BYTES = 32 * 1024 * 1024
+# Seconds the writer sleeps when idle before it checks max_age again.
+IDLE_WAKE = 1.0
+# Sessions reserved ahead of use.  The ceiling is committed before sessions
+# below it are handed out, so a restart (even after SIGKILL or a clock
+# stepped back) continues above every session issued before.  A broker
+# routes far fewer than 10^6 batches a second, so one reservation lasts
+# minutes; each costs nothing but a gap in the numbering at a restart.
+SESSION_LEASE = 1_000_000_000
+
+Report = tuple[tuple[int, int], bool]
+
+
+def _us(t: float) -> int:
+    s, us = split_timestamp(t)
+    return s * 1_000_000 + us
+
+
+def _src_us(header: dict) -> int | None:
+    src = source_timestamp(header)
+    return None if src is None else _us(src)
+
+
+@attrs.define
+class StoreStats:
+    commits: int = 0
+    events_written: int = 0
+    bytes_written: int = 0
+    failed_commits: int = 0
+    failed_events: int = 0
+    overload: int = 0
+    evicted: int = 0
+    last_error: str = ""
+    # Bridge spool messages pushed out by [store] spool_max_bytes (oldest first).
+    spool_dropped: int = 0
+    # Spool/resume operations of failed commits committed by a later commit,
+    # and those the carry's bounds dropped (broker/store/carry.py).
+    spool_retried: int = 0
+    spool_lost: int = 0
+    # WAL checkpoints with truncation (the WAL passed its bound) and those a
+    # reader's snapshot kept from completing (retried after the next commit).
+    checkpoints: int = 0
+    checkpoints_busy: int = 0
+
+
+def default_dir(log_dir: str) -> str:
+    """``[store] dir`` when not set: ``store`` beside the routing-log directory."""
+    parent = os.path.dirname(os.path.normpath(log_dir))
+    return os.path.join(parent, "store")
+
+
+def _nothing(value: object) -> None:
+    pass
+
+
+_frame = attrgetter("frame")
+
+
+def _expand(ops: list) -> Iterator:
+    """The writer's operations with each routing batch that is not one run
+    (a list: Store.observe built the others' rows) as its messages."""
+    for op in ops:
+        if type(op) is list:
+            yield from op
+        else:
+            yield op
+
+_INSERT_RUNS = ("INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
+                "bytes, ts, delivered, offsets, frames) VALUES ")
+_INSERT_LATEST = ("INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame) "
+                  "VALUES ")
+_UPSERT_LATEST = (" ON CONFLICT (grp, inst) DO UPDATE SET seq = excluded.seq, "
+                  "session = excluded.session, instance = excluded.instance, ts = excluded.ts, "
+                  "delivered = excluded.delivered, frame = excluded.frame")
+# Rows per multi-row INSERT, the largest of the power-of-two statement shapes.
+# executemany steps SQLite once per row, and the sqlite3 module releases and
+# takes back the GIL at every step: with isolated messages (one row each)
+# that was two GIL hand-overs per message, each a chance for the writer to
+# make the routing thread wait.  One statement of up to 256 rows is one step
+# (13 x 256 parameters, far below SQLite's 32,766); power-of-two shapes keep
+# the statements few (the connection caches them).
+MAX_ROWS_PER_INSERT = 256
+
+
+def _insert_many(conn: sqlite3.Connection, head: str, ncols: int, tail: str,
+                 rows: list) -> None:
+    """``head`` VALUES (..), (..), ... ``tail`` for ``rows``, in few statements."""
+    one = "(" + ", ".join("?" * ncols) + ")"
+    i, n = 0, len(rows)
+    size = MAX_ROWS_PER_INSERT
+    while i < n:
+        while size > n - i:
+            size //= 2
+        conn.execute(head + ", ".join([one] * size) + tail,
+                     list(chain.from_iterable(rows[i:i + size])))
+        i += size
+
+
+@attrs.define
+class Transaction:
+    """One write transaction's contents (:func:`collect`)."""
+
+    rows: list[tuple]
+    latest: dict[tuple[bytes, bytes], tuple]
+    spool_add: list[tuple]
+    spool_del: list[tuple]
+    resume: dict[str, tuple]
+    # (EventId, persisted) reports, cumulative, in commit order.
+    runs: list[Report]
+    taken: int  # frame bytes taken off the queue
+    new_events: int
+    order: int  # the latest table's update counter after these rows
+    overload: int  # messages routed but not persisted (MAX_PENDING_BYTES)
+
+
+def collect(ops: Iterable, order: int) -> Transaction:
+    """What one transaction writes: the queued operations as rows (consecutive messages
+    of one type and session as one run), latest updates, spool and resume changes, and
+    the reports to give once committed.  ``order`` is the latest table's update counter.
+    """
+    # Per message, only what SQLite needs: this loop holds the GIL that
+    # routing needs too (see broker/store/batch_rows.py for why runs).
+    rows: list[tuple] = []
+    latest: dict[tuple[bytes, bytes], tuple] = {}
+    spool_add: list[tuple] = []
+    spool_del: list[tuple] = []
+    resume: dict[str, tuple] = {}
+    runs: list[Report] = []
+    taken = overload = 0
+    new_events = 0
+    run: RunBuilder | None = None
+    # The open run in locals (the loop's hot part): next instance, type,
+    # first and last timestamp, events and bytes so far.
+    r_session = r_next = -1
+    r_grp = r_inst = b""
+    r_first = r_last = 0.0
+    r_n = r_bytes = 0
+    add_ts = add_delivered = add_frame = _nothing
+    max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
+    row_id: tuple[int, int] | None = None  # last EventId of the last ROW
+    for op in ops:
+        if type(op) is Routed:
+            header = op.header
+            ts = op.timestamp
+            frame = op.frame
+            size = len(frame)
+            taken += size
+            if (op.instance == r_next and op.session == r_session
+                    and header[b"group"] == r_grp and header[b"instance"] == r_inst
+                    and r_last <= ts <= r_first + max_span and r_n < max_run
+                    and r_bytes + size <= max_bytes and SOURCE_TIMESTAMP_TAG not in header):
+                add_ts(ts)
+                add_delivered(op.delivered)
+                add_frame(frame)
+                r_next += 1
+                r_last = ts
+                r_n += 1
+                r_bytes += size
+                continue
+            if run is not None:
+                order += 1
+                rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
+            new_events += r_n
+            r_session, r_grp, r_inst = op.session, header[b"group"], header[b"instance"]
+            src = _src_us(header) if SOURCE_TIMESTAMP_TAG in header else None
+            run = RunBuilder(r_session, op.instance, r_grp, r_inst, src, ts, op.delivered,
+                             frame)
+            # A message with a source timestamp is a run of its own.
+            r_next = op.instance + 1 if src is None else -1
+            r_first = r_last = ts
+            r_n, r_bytes = 1, size
+            add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
+                                                run.frames.append)
+            continue
+        kind = op[0]
+        if kind == ROW:
+            # A whole routing batch as one run, built in C-level calls.
+            if run is not None:
+                order += 1
+                rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
+                new_events += r_n
+                run, r_n, r_next = None, 0, -1
+            row = op[1]
+            order += 1
+            rows.append(row)
+            latest[row[3], row[4]] = (row[3], row[4], order, row[0], row[2], op[2], op[3],
+                                      op[4])
+            new_events += row[2] - row[1] + 1
+            taken += row[8]
+            row_id = (row[0], row[2])
+        elif kind == LOST:
+            ok_id = row_id
+            if run is not None:
+                # Everything routed before the lost messages is in this batch.
+                ok_id = (run.session, r_next - 1 if run.src is None else run.first)
+            if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+                runs.append((ok_id, True))
+            if runs and not runs[-1][1]:
+                runs[-1] = ((op[1], op[2]), False)
+            else:
+                runs.append(((op[1], op[2]), False))
+            overload += op[3]
+        elif kind == SPOOL_ADD:
+            taken += len(op[5])
+            spool_add.append(op[1:])
+        elif kind == SPOOL_DEL:
+            spool_del.append(op[1:])
+        else:
+            resume[op[1]] = op[1:]
+    ok_id = row_id
+    if run is not None:
+        order += 1
+        rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
+        new_events += r_n
+        ok_id = (run.session, run.last)
+    if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+        runs.append((ok_id, True))
+    return Transaction(rows, latest, spool_add, spool_del, resume, runs, taken, new_events,
+                       order, overload)
+
+
+def _close_run(run: RunBuilder, last: int, nbytes: int, order: int,
+               latest: dict[tuple[bytes, bytes], tuple]) -> tuple:
+    """The row of a finished run; its last event becomes its type's latest."""
+    if run.src is None:
+        run.last = last
+    run.nbytes = nbytes
+    latest[run.grp, run.inst] = (run.grp, run.inst, order, run.session, run.last,
+                                 run.ts[-1], run.delivered[-1], run.frames[-1])
+    return run.row()
+
+
+class StoreWriter:
+    """The write side of the store: the queue, the writer thread, commits and eviction.
+
+    Retained messages form a ring bounded by count, bytes and age; bridge
+    spools and resume points share its transactions.
+    """
+
+    def __init__(self, directory: str, *, size: int, max_bytes: int, max_age: float,
+                 flush_interval: float, spool_max_bytes: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, DB_NAME)
+        self.size = size
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.flush_interval = flush_interval
+        share = max_bytes // WAL_SHARE if max_bytes else MAX_TXN_BYTES
+        self.txn_bytes = self.wal_bytes = max(MIN_TXN_BYTES, min(MAX_TXN_BYTES, share))
+        # Frame bytes each bridge's spool keeps (0: no bound; broker/store/spool.py).
+        self.spool_max_bytes = spool_max_bytes
+        self.clock = clock
+        self.stats = StoreStats()
+        self._conn = open_store(directory)
+        # SQLite's own checkpoint once the WAL holds wal_bytes of pages, and
+        # the WAL file cut back to wal_bytes when it restarts (_keep_wal_small
+        # truncates it when a reader kept the automatic one from finishing).
+        page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        self._conn.execute(f"PRAGMA wal_autocheckpoint = {max(1, self.wal_bytes // page)}")
+        self._conn.execute(f"PRAGMA journal_size_limit = {self.wal_bytes}")
+        meta = read_meta(self._conn)
+        self.count = int(meta["count"])
+        self.bytes = int(meta["bytes"])
+        self.evicted = int(meta["evicted"])
+        self.stats.evicted = self.evicted
+        es, ei = meta["evicted_session"], meta["evicted_instance"]
+        # (session, instance) of the newest evicted message (replay gaps).
+        self.evicted_upto: tuple[int, int] | None = None if es is None else (int(es), int(ei))
+        self._ceiling = int(meta["session_ceiling"])
+        self._max_session = 0
+        # The types in the latest table (bounded by size) and its update counter.
+        self._latest_keys: set[tuple[bytes, bytes]] = set(
+            self._conn.execute("SELECT grp, inst FROM latest"))
+        self._latest_seq = self._conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
+        self._ops: deque[tuple] = deque()
+        # The run being evicted in parts: its key and arrays (_run_arrays).
+        self._evicting: tuple[tuple[int, int, int], array, array] | None = None
+        # Spool and resume operations of failed commits (broker/store/carry.py).
+        self._carry = SpoolCarry()
+        self._added_bytes = 0  # written by the trio thread only
+        self._taken_bytes = 0  # written by the writer thread only
+        self._trimmed_at = 0
+        self._signalled = False
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._reports: deque[Report] = deque()
+        self._call_soon: Callable[[Callable[[], None]], None] | None = None
+        self._thread_setup: Callable[[], object] | None = None
+        # Called in the trio thread with each commit report, in commit order.
+        self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
+        # Whether a report is awaited now (an Eventer connection asked for
+        # persisted notifications).  When not, a commit does not wake the
+        # routing thread just to say so: reports are cumulative ("committed
+        # up to"), so the next one awaited covers everything before it.
+        self.reports_wanted: Callable[[], bool] = lambda: bool(self.on_report)
+        self._last_log = -LOG_INTERVAL
+        self._last_spool_log = -LOG_INTERVAL
+        self._router: Router | None = None  # attach: flush() takes its open batch
+
+    # ---- life cycle ----------------------------------------------------------------
+
+    def start_session(self, clock_session: int) -> int:
+        """The session to continue from: above the clock and every session ever reserved.
+
+        Commits the new reservation before returning (call before routing starts).
+        """
+        start = max(clock_session, self._ceiling)
+        self._ceiling = start + SESSION_LEASE
+        self._max_session = start
+        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'session_ceiling'",
+                           (self._ceiling,))
+        return start
+
+    def attach(self, router: Router) -> None:
+        """Observe every routed message and continue the router's session numbering."""
+        router.session = self.start_session(router.session)
+        self._router = router
+        if self.size:
+            # Only what entered this broker: in a cluster, each broker keeps its own.
+            router.local_observers.append(self.observe)
+
+    def start(self, call_soon: Callable[[Callable[[], None]], None] | None = None,
+              thread_setup: Callable[[], object] | None = None) -> None:
+        """Start the writer thread; ``call_soon`` runs a function in the routing thread.
+
+        ``thread_setup`` runs first in the writer thread (its scheduler priority).
+        """
+        self._call_soon = call_soon
+        self._thread_setup = thread_setup
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Commit everything queued, stop the writer, checkpoint and close."""
+        if self._thread is not None:
+            self._stopping = True
+            self._wake.set()
+            self._thread.join()
+            self._thread = None
+        self.flush()
+        if self._carry:
+            with self._lock:  # a last try for spool operations of failed commits
+                self._commit_queued()
+            if self._carry:
+                log.error("store %s: %d bridge spool operations of failed commits are lost at "
+                          "close", self.path, len(self._carry))
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("store %s: checkpoint at close failed: %s", self.path, exc)
+        self._conn.close()
+
+    # ---- the hot path (trio thread) ------------------------------------------------
+
+    def observe(self, batch: list[Routed]) -> None:
+        """Router observer: queue a routing batch for the writer (the list itself).
+
+        The router hands over only messages that entered this broker: a
+        cluster peer's messages keep their own server's EventIds, whose
+        sessions interleave with ours (each broker of a cluster keeps what
+        entered it).
+        """
+        last = batch[-1]
+        if self._added_bytes - self._taken_bytes > MAX_PENDING_BYTES:
+            self._ops.append((LOST, last.session, last.instance, len(batch)))
+        else:
+            # The row is built here, while the batch is hot in the cache and
+            # the routing thread holds the GIL anyway: measured, this costs
+            # the routing thread less than the writer thread's build took
+            # from it in GIL time, and the queue then holds bytes, not
+            # Routed objects (less for the garbage collector to walk).
+            row = batch_row(batch)
+            if row is None:
+                self._ops.append(batch)
+                self._added_bytes += sum(map(len, map(_frame, batch)))
+            else:
+                self._ops.append((ROW, row, last.timestamp, last.delivered, last.frame))
+                self._added_bytes += row[8]
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
+
+    def spool_add(self, bridge: str, routed: Routed) -> None:
+        self._ops.append((SPOOL_ADD, bridge, routed.session, routed.instance, routed.timestamp,
+                          routed.frame))
+        self._added_bytes += len(routed.frame)
+        self._signal()
+
+    def spool_remove(self, bridge: str, session: int, instance: int) -> None:
+        self._ops.append((SPOOL_DEL, bridge, session, instance))
+        self._signal()
+
+    def set_resume(self, bridge: str, server: int, session: int, instance: int) -> None:
+        self._ops.append((RESUME, bridge, server, session, instance))
+        self._signal()
+
+    def spool_overflow(self, bridge: str, n: int, bound: int) -> None:
+        """Count ``n`` messages pushed out of ``bridge``'s spool by the byte bound."""
+        self.stats.spool_dropped += n
+        now = time.monotonic()
+        if now - self._last_spool_log >= LOG_INTERVAL:
+            self._last_spool_log = now
+            log.warning("bridge %s: spool full (spool_max_bytes %d): dropped the %d oldest "
+                        "messages; %d dropped from spools so far", bridge, bound, n,
+                        self.stats.spool_dropped)
+
+    def _signal(self) -> None:
+        if not self._signalled:
+            self._signalled = True
+            self._wake.set()
+
+    def pending(self) -> int:
+        """Operations not yet committed: queued, and carried over from failed commits."""
+        return len(self._ops) + len(self._carry)
+
+    # ---- the writer ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._thread_setup is not None:
+            self._thread_setup()
+        while not self._stopping:
+            self._wake.wait(IDLE_WAKE)
+            self._wake.clear()
+            self._signalled = False
+            if self._ops and not self._stopping:
+                # Gather what the routing thread adds meanwhile: one
+                # transaction per flush_interval at most, not per message.
+                time.sleep(self.flush_interval)
+            with self._lock:
+                self._commit_queued()
+            if self._reports and self._call_soon is not None:
+                if not self.reports_wanted():
+                    self._reports.clear()
+                    continue
+                # RunFinishedError: the trio run has ended, nobody to tell.
+                with contextlib.suppress(Exception):
+                    self._call_soon(self.deliver_reports)
+
+    def flush(self) -> None:
+        """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
+        if self._router is not None:
+            self._router.hand_over()  # what the open batch routed so far counts too
+        if self._ops:
+            with self._lock:
+                self._commit_queued()
+        if self._reports:
+            self.deliver_reports()
+
+    def deliver_reports(self) -> None:
+        reports = self._reports
+        while reports:
+            upto, ok = reports.popleft()
+            for listener in self.on_report:
+                listener(upto, ok)
+
+    def _commit_queued(self) -> None:
+        """Commit everything queued, in transactions of at most ``txn_bytes`` frame bytes."""
+        self._commit_some()
+        while self._ops:
+            self._commit_some()
+        self._keep_wal_small()
+        if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
+            # The frames of these commits are free now: hand the heap back
+            # (broker/store/heap.py), at most once per TRIM_BYTES written.
+            self._trimmed_at = self._taken_bytes
+            trim()
+
+    def _take(self) -> list:
+        """The queued operations of one transaction: at least one, at most ``txn_bytes``
+        of frames (a transaction's pages pass through the WAL and, before its eviction
+        frees them, the database: its size is what the files may exceed max_bytes by)."""
+        ops = self._ops
+        taken: list = []
+        budget = self.txn_bytes
+        while ops and budget > 0:
+            op = ops.popleft()
+            taken.append(op)
+            if type(op) is list:
+                budget -= sum(map(len, map(_frame, op)))
+            elif op[0] == ROW:
+                budget -= op[1][8]
+            elif op[0] == SPOOL_ADD:
+                budget -= len(op[5])
+        return taken
+
+    def _keep_wal_small(self) -> None:
+        """Checkpoint and truncate the WAL once it passes ``wal_bytes`` (writer's lock held).
+
+        SQLite's automatic checkpoint copies pages back but leaves the WAL
+        file at its largest size; TRUNCATE resets it to zero bytes.  A
+        reader holding an old snapshot (a query in progress) makes it
+        return busy: the next commit tries again.
+        """
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size <= self.wal_bytes:
+            return
+        conn = self._conn
+        try:
+            # No waiting for readers here (the busy timeout is for the writer's lock).
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            log.warning("store %s: checkpoint failed: %s", self.path, exc)
+            return
+        self.stats.checkpoints += 1
+        if busy:
+            self.stats.checkpoints_busy += 1
+
+    def _commit_some(self) -> None:
+        if not self._ops and not self._carry:
+            if self.max_age:
+                self._evict_only()
+            return
+        self._apply(collect(_expand(self._take()), self._latest_seq))
+
+    def _apply(self, tx: Transaction) -> None:
+        """Write one transaction, evict beyond the bounds, commit; then the counters follow."""
+        rows, latest, runs, taken, new_events = tx.rows, tx.latest, tx.runs, tx.taken, tx.new_events
+        self.stats.overload += tx.overload
+        carried = len(self._carry)
+        spool_add, spool_del, resume = self._carry.take(tx.spool_add, tx.spool_del, tx.resume)
+        max_session = self._max_session
+        if rows and rows[-1][0] > max_session:
+            max_session = rows[-1][0]
+        self._taken_bytes += taken
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if rows:
+                _insert_many(conn, _INSERT_RUNS, 13, "", rows)
+                _insert_many(conn, _INSERT_LATEST, 8, _UPSERT_LATEST, list(latest.values()))
+            if spool_add:
+                conn.executemany("INSERT OR IGNORE INTO spool VALUES (?, ?, ?, ?, ?)", spool_add)
+            if spool_del:
+                conn.executemany(
+                    "DELETE FROM spool WHERE bridge = ? AND session = ? AND instance = ?",
+                    spool_del)
+            if resume:
+                conn.executemany("INSERT OR REPLACE INTO resume VALUES (?, ?, ?, ?)",
+                                 resume.values())
+            count, nbytes = self.count + new_events, self.bytes + sum(r[8] for r in rows)
+            count, nbytes, evicted, upto = self._evict(count, nbytes)
+            latest_keys = self._evict_latest(latest)
+            ceiling = self._ceiling
+            if max_session + SESSION_LEASE // 2 > ceiling:
+                ceiling = max_session + SESSION_LEASE
+            self._write_meta(count, nbytes, evicted, upto, ceiling)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            self._failed(new_events, exc)
+            if runs:
+                self._reports.append((runs[-1][0], False))
+            if spool_add or spool_del or resume:
+                lost = self._carry.keep(spool_add, spool_del, resume)
+                self.stats.spool_lost += lost
+                now = time.monotonic()
+                if lost and now - self._last_spool_log >= LOG_INTERVAL:
+                    self._last_spool_log = now
+                    log.error("store %s: failed commits kept more bridge spool operations than "
+                              "the carry's bound: %d dropped so far", self.path,
+                              self.stats.spool_lost)
+            return
+        self.count, self.bytes, self._ceiling = count, nbytes, ceiling
+        self._latest_keys = latest_keys
+        self._latest_seq = tx.order
+        self._max_session = max_session
+        if evicted != self.evicted:
+            self.stats.evicted = self.evicted = evicted
+            self.evicted_upto = upto
+        self.stats.commits += 1
+        self.stats.spool_retried += carried
+        self.stats.events_written += new_events
+        self.stats.bytes_written += taken
+        self._reports.extend(runs)
+
+    def _evict_only(self) -> None:
+        """Apply max_age while no traffic arrives (the writer's idle wake-up)."""
+        if not self.count:
+            return
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            count, nbytes, evicted, upto = self._evict(self.count, self.bytes)
+            if evicted != self.evicted:
+                self._write_meta(count, nbytes, evicted, upto, self._ceiling)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            self._failed(0, exc)
+            return
+        self.count, self.bytes = count, nbytes
+        if evicted != self.evicted:
+            self.stats.evicted = self.evicted = evicted
+            self.evicted_upto = upto
+
+    def _evict(self, count: int, nbytes: int
+               ) -> tuple[int, int, int, tuple[int, int] | None]:
+        """Evict the oldest events beyond size / max_bytes / max_age (inside the transaction).
+
+        The newest evicted EventId is the watermark below which readers see
+        nothing; runs wholly below it are deleted.
+        """
+        size, max_bytes = self.size, self.max_bytes
+        cutoff = self.clock() - self.max_age if self.max_age else None
+        evicted, upto = self.evicted, self.evicted_upto
+        if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
+            return count, nbytes, evicted, upto
+        done_run = None
+        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts "
+                                 "FROM runs ORDER BY run")
+        for run, session, first, last, run_bytes, min_ts, max_ts in cur:
+            if upto is not None and (session, last) <= upto:
+                done_run = run
+                continue
+            n = last - first + 1
+            # Each bound is monotone along a run (fewer messages, fewer bytes,
+            # later timestamps): if one still calls for eviction at its last
+            # message, the whole run goes without decoding it.
+            if (upto is None or upto < (session, first)) and (
+                    count - n >= size or (max_bytes and nbytes - run_bytes >= max_bytes)
+                    or (cutoff is not None and max_ts < cutoff)):
+                count -= n
+                nbytes -= run_bytes
+                evicted += n
+                upto = (session, last)
+                done_run = run
+                continue
+            if not (count > size or (max_bytes and nbytes > max_bytes)
+                    or (cutoff is not None and min_ts < cutoff)):
+                break  # not even its first message goes
+            # Part of the run goes: its first `start` messages went before.
+            # Each bound is monotone along the run, so the number to evict
+            # is the largest of the three bounds' own (no loop per message).
+            offsets, times = self._run_arrays(run, session, first)
+            start = 0 if upto is None or upto < (session, first) else upto[1] - first + 1
+            k = count - size
+            if max_bytes and nbytes > max_bytes:
+                # offsets are cumulative: the fewest messages whose bytes
+                # bring nbytes down to max_bytes.
+                k = max(k, bisect_left(offsets, nbytes - max_bytes + offsets[start], start) - start)
+            if cutoff is not None:
+                k = max(k, bisect_left(times, cutoff, start) - start)
+            k = min(k, n - start)
+            if k > 0:
+                count -= k
+                nbytes -= offsets[start + k] - offsets[start]
+                evicted += k
+                upto = (session, first + start + k - 1)
+            if start + k < n:
+                break
+            done_run = run
+        cur.close()
+        if done_run is not None:
+            self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
+        return count, nbytes, evicted, upto
+
+    def _run_arrays(self, run: int, session: int, first: int) -> tuple[array, array]:
+        """Cumulative frame offsets and timestamps of a run being evicted in parts.
+
+        Kept for the next commit (which usually evicts more of the same run)
+        instead of reading and unpacking its arrays again; keyed by EventId,
+        which is never reused (a row id may be, once the newest row is gone).
+        """
+        cached = self._evicting
+        if cached is not None and cached[0] == (run, session, first):
+            return cached[1], cached[2]
+        ts_b, offsets_b = self._conn.execute("SELECT ts, offsets FROM runs WHERE run = ?",
+                                             (run,)).fetchone()
+        offsets, times = unpack("q", offsets_b), unpack("d", ts_b)
+        self._evicting = ((run, session, first), offsets, times)
+        return offsets, times
+
+    def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
+        """Keep at most ``size`` types, least recently updated out first (in the transaction).
+
+        Returns the new key set; the writer's copy changes only once committed.
+        """
+        keys = self._latest_keys
+        new = [k for k in latest if k not in keys]
+        if not new:
+            return keys
+        keys = keys | set(new)
+        excess = len(keys) - self.size
+        if excess > 0:
+            gone = self._conn.execute(
+                "DELETE FROM latest WHERE seq IN (SELECT seq FROM latest ORDER BY seq LIMIT ?) "
+                "RETURNING grp, inst", (excess,)).fetchall()
+            keys -= set(gone)
+        return keys
+
+    def _write_meta(self, count: int, nbytes: int, evicted: int,
+                    upto: tuple[int, int] | None, ceiling: int) -> None:
+        self._conn.executemany("UPDATE meta SET value = ? WHERE key = ?", [
+            (count, "count"), (nbytes, "bytes"), (evicted, "evicted"),
+            (None if upto is None else upto[0], "evicted_session"),
+            (None if upto is None else upto[1], "evicted_instance"),
+            (ceiling, "session_ceiling"),
+        ])
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("ROLLBACK")
+
+    def _failed(self, n: int, exc: sqlite3.Error) -> None:
+        self.stats.failed_commits += 1
+        self.stats.failed_events += n
+        self.stats.last_error = str(exc)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL:
+            self._last_log = now
+            log.error("store %s: write failed (%s); %d commits (%d messages) not persisted so "
+                      "far, routing goes on", self.path, exc, self.stats.failed_commits,
+                      self.stats.failed_events)
+
+    def __len__(self) -> int:
+        # Committed messages (metrics read this: no flush on their path).
+        return self.count
+
