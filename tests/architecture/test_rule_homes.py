@@ -33,13 +33,21 @@ def _table(title: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
         if len(cells) < 2 or not line.startswith("| ") or line.startswith("|---"):
             continue
         homes: list[tuple[str, list[str]]] = []
-        for token in re.findall(r"`([^`]+)`", cells[-1]):
+        cell, attached, last_end = cells[-1], False, 0
+        for match in re.finditer(r"`([^`]+)`", cell):
+            token = match.group(1)
+            # A name belongs to the file it directly follows (``file`` ``a``, ``b``).
+            adjacent = re.fullmatch(r"[\s,]*", cell[last_end:match.start()]) is not None
+            last_end = match.end()
             if re.fullmatch(r"[\w/]+\.(py|c)|[\w/]+/", token):
                 if "/" not in token and homes:  # ``parquet.py`` next to the file before it
                     token = str(pathlib.PurePosixPath(homes[-1][0]).parent / token)
                 homes.append((token, []))
-            elif homes and re.fullmatch(r"[A-Za-z_][\w.]*", token):
+                attached = True
+            elif attached and adjacent and re.fullmatch(r"[A-Za-z_][\w.]*", token):
                 homes[-1][1].append(token)
+            else:
+                attached = False
         if homes:
             rows.append((cells[0].strip("| "), homes))
     return rows
@@ -103,8 +111,10 @@ def test_each_home_exists_and_defines_its_names(rule, homes):
         if names and path.suffix == ".py":
             # A name is defined in the file (at any depth); a ``Class.method``
             # the row points to from there may live in another module.
-            missing = {n for n in set(names) - _mentioned(path)
-                       if "." not in n or n not in _ANYWHERE}
+            here = _mentioned(path)
+            missing = {n for n in set(names) - here
+                       if "." not in n or (n not in _ANYWHERE
+                                           and not {*n.split(".", 1)} <= here)}
             assert not missing, f"{rule}: {file} does not define {sorted(missing)}"
 
 
