@@ -15,6 +15,7 @@ it changes the index, routes and batches, and hands batches to observers.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
@@ -151,7 +152,9 @@ class Router:
         self.max_frame = max_frame
         self.started = clock()
         self.counters = Counters()
-        self._new_lname = LnameFactory(hostname)
+        # lnames carry HOST/SERVER_ID (section 7): the broker owning one is known.
+        self._new_lname = LnameFactory(
+            hostname or f"{socket.gethostname() or 'localhost'}/{server_id}")
         self.endpoints: dict[bytes, Endpoint] = {}
         # Who subscribes to what, and the cached recipient sets (sublist.py);
         # ``_cache`` is its cache, looked up directly on the hot path.
