@@ -64,7 +64,8 @@ from broker.cluster.subject_runs import (
     pack_stamps,
     unpack_run,
 )
-from broker.core.router import STAR, Endpoint, NotPermitted, Routed, Router
+from broker.core.eventtypes import STAR, pattern_group
+from broker.core.router import Endpoint, NotPermitted, Routed, Router
 from wire import nats
 from wire.errors import LimitError, ProtocolError
 from wire.skan import decode_header
@@ -303,12 +304,7 @@ class Backplane(Endpoint):
 
     def interest_changed(self, key: tuple[bytes, ...] | bytes, added: bool) -> None:
         """A group (bytes) or Hat pattern (tuple) gained its first / lost its last subscriber."""
-        group: bytes | None
-        if isinstance(key, tuple):
-            first = key[0] if key else STAR
-            group = None if first in (STAR, b"?") else first
-        else:
-            group = key
+        group = pattern_group(key) if isinstance(key, tuple) else key
         subject = subjects.ALL_INTEREST if group is None else subjects.group_interest(group)
         if added:
             if self._add(subject):

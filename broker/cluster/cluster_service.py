@@ -35,6 +35,7 @@ from broker.cluster.link import (
     ClusterStatus,
 )
 from broker.cluster.ratelog import RateLimitedLog
+from broker.core.backoff import Backoff
 from broker.core.queue import OutQueue
 from broker.serving.config import ClusterSection, nats_address
 from broker.serving.context import BrokerContext
@@ -205,7 +206,7 @@ async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
                  cfg: ClusterSection) -> None:
     status = state.status
     server_id = status.server_id
-    backoff = cfg.backoff_initial
+    backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
     while True:
         try:
             state.max_payload = int(link.info.get("max_payload", DEFAULT_MAX_PAYLOAD))
@@ -218,14 +219,13 @@ async def _serve(ctx: BrokerContext, link: _Link, state: ClusterLink,
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(link.stream)
         while True:
-            await trio.sleep(backoff * (0.5 + secrets.randbelow(1000) / 1000))
-            backoff = min(backoff * 2, cfg.backoff_max)
+            await trio.sleep(backoff.wait())
             try:
                 link = await _open_link(cfg, server_id)
                 break
             except (OSError, ClusterStartError) as exc:
                 log.warning("cluster: reconnect failed: %s", exc)
-        backoff = cfg.backoff_initial
+        backoff.reset()
         log.info("cluster: reconnected to NATS at %s", link.url)
 
 

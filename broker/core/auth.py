@@ -29,7 +29,11 @@ from typing import Protocol
 
 import attrs
 
-STAR = "*"
+from broker.core.bounded import BoundedCache
+from broker.core.eventtypes import pattern_group
+
+# A group pattern (permissions, configuration) ends in this to mean "any rest".
+GROUP_WILDCARD = "*"
 
 # Verdicts cached per Permissions object (group -> bool).  The cache is
 # cleared when full: a client sending to ever new group names cannot grow it
@@ -70,7 +74,7 @@ def group_pattern_problem(pattern: str) -> str | None:
     """Why ``pattern`` is not a valid group pattern, or None."""
     if not pattern:
         return "a group pattern must not be empty"
-    if STAR in pattern[:-1]:
+    if GROUP_WILDCARD in pattern[:-1]:
         return (f"group pattern {pattern!r}: '*' may only be the last character "
                 "(a group name, '*', or a prefix ending in '*')")
     return None
@@ -87,9 +91,9 @@ class GroupPatterns:
             problem = group_pattern_problem(p)
             if problem is not None:
                 raise ValueError(problem)
-        self.everything = STAR in self.patterns
-        self.exact = frozenset(p.encode() for p in self.patterns if not p.endswith(STAR))
-        self.prefixes = tuple(p[:-1].encode() for p in self.patterns if p.endswith(STAR))
+        self.everything = GROUP_WILDCARD in self.patterns
+        self.exact = frozenset(p.encode() for p in self.patterns if not p.endswith(GROUP_WILDCARD))
+        self.prefixes = tuple(p[:-1].encode() for p in self.patterns if p.endswith(GROUP_WILDCARD))
 
     def __call__(self, group: bytes) -> bool:
         if self.everything or group in self.exact:
@@ -112,20 +116,18 @@ class Permissions:
         self.publish = GroupPatterns(publish)
         self.subscribe = GroupPatterns(subscribe)
         self.promisc = promisc
-        self._pub_cache: dict[bytes, bool] = {}
         # Groups known to be allowed: the router's hot path tests membership
         # (``group in publish_allowed``) without a call.  Same object for the
         # Permissions' lifetime (cleared, never replaced, when full).
         self.publish_allowed: set[bytes] = set()
-        self._sub_cache: dict[bytes, bool] = {}
+        self._pub_cache: BoundedCache[bytes, bool] = BoundedCache(
+            PERMISSION_CACHE_LIMIT, also=(self.publish_allowed,))
+        self._sub_cache: BoundedCache[bytes, bool] = BoundedCache(PERMISSION_CACHE_LIMIT)
 
     def may_publish(self, group: bytes) -> bool:
         verdict = self._pub_cache.get(group)
         if verdict is None:
-            if len(self._pub_cache) >= PERMISSION_CACHE_LIMIT:
-                self._pub_cache.clear()
-                self.publish_allowed.clear()
-            verdict = self._pub_cache[group] = self.publish(group)
+            verdict = self._pub_cache.put(group, self.publish(group))
             if verdict:
                 self.publish_allowed.add(group)
         return verdict
@@ -133,9 +135,7 @@ class Permissions:
     def may_subscribe(self, group: bytes) -> bool:
         verdict = self._sub_cache.get(group)
         if verdict is None:
-            if len(self._sub_cache) >= PERMISSION_CACHE_LIMIT:
-                self._sub_cache.clear()
-            verdict = self._sub_cache[group] = self.subscribe(group)
+            verdict = self._sub_cache.put(group, self.subscribe(group))
         return verdict
 
     def subscribe_problem(self, group: bytes, promisc: bool) -> str | None:
@@ -160,13 +160,14 @@ class Permissions:
         ``?`` reaches every group and needs the ``*`` subscribe permission.
         """
         shown = "[" + ", ".join(repr(s.decode(errors="replace")) for s in pattern) + "]"
-        if pattern and pattern[0] in (b"*", b"?"):
+        group = pattern_group(pattern)
+        if pattern and group is None:
             if not self.subscribe.everything:
                 return (f"not authorised: subscription {shown} reaches every group and user "
                         f"{self._who()} may not subscribe to all of them")
-        elif pattern and not self.may_subscribe(pattern[0]):
+        elif group is not None and not self.may_subscribe(group):
             return (f"not authorised: subscription {shown} reaches group "
-                    f"{pattern[0].decode(errors='replace')!r}, outside what user "
+                    f"{group.decode(errors='replace')!r}, outside what user "
                     f"{self._who()} may subscribe to")
         if promisc and not self.promisc:
             return f"not authorised: user {self._who()} may not subscribe promisc"

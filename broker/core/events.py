@@ -31,9 +31,9 @@ import math
 import re
 from typing import Any
 
+from broker.core.eventtypes import MappingError, group_instance, hat_event_type
 from broker.core.inject import Injected, build_send
 from broker.core.router import Routed
-from broker.core.router import event_type as router_event_type
 from wire import hat
 from wire.errors import ProtocolError
 from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
@@ -50,27 +50,8 @@ SOURCE_TIMESTAMP_TAG = b"source-timestamp"
 SKAN_ITEM_TYPE = "skan-item"
 
 
-class MappingError(ValueError):
-    """An event cannot be expressed as a Skan message (or the reverse)."""
-
-
 # ---- types ----------------------------------------------------------------
 
-
-def event_type(group: bytes, instance: bytes) -> EventType:
-    """The Hat event type of (group, instance): the router's rule, as text."""
-    return tuple(
-        seg.decode("utf-8", errors="replace") for seg in router_event_type(group, instance)
-    )
-
-
-def group_instance(etype: EventType | list[str]) -> tuple[str, str]:
-    """Event type -> (group, instance); ``(G,)`` -> (G, "*")."""
-    if not etype or not etype[0]:
-        raise MappingError("an event type needs at least a non-empty first segment (the group)")
-    if len(etype) == 1:
-        return etype[0], "*"
-    return etype[0], "/".join(etype[1:])
 
 
 def pattern_bytes(pattern: EventType | list[str]) -> tuple[bytes, ...]:
@@ -209,7 +190,7 @@ def event_from_routed(routed: Routed, server_id: int) -> hat.Event:
     return hat.Event(
         # A message from the cluster backplane keeps its origin's EventId.
         id=hat.EventId(routed.server or server_id, routed.session, routed.instance),
-        type=event_type(header[b"group"], header[b"instance"]),
+        type=hat_event_type(header[b"group"], header[b"instance"]),
         timestamp=hat.Timestamp.from_float(routed.timestamp),
         source_timestamp=source_timestamp_exact(header),
         payload=payload_from_routed(routed),

@@ -15,11 +15,10 @@ from typing import Any
 
 import attrs
 
+from broker.core.eventtypes import STAR
 from broker.core.reasons import ErrorKind
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan import MAGIC, Nested, encode_item
-
-STAR = b"*"
 
 # Bytes of an item's length field per length code (the high nibble of its TyLen).
 _LENGTH_BYTES = {0x20: 1, 0x10: 2, 0x00: 4}

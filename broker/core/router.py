@@ -1,4 +1,4 @@
-"""The routing core: endpoints, the subscription index and the send rules.
+"""The routing core: endpoints, the send rules, routing batches and observers.
 
 Pure and synchronous: no trio, no I/O.  Every connection of every protocol
 (and every bridge) is an :class:`Endpoint` with an lname.  Adapters decode
@@ -7,18 +7,14 @@ call :meth:`Router.route`; the router picks the recipients and calls
 ``endpoint.deliver(frame, routed)`` on each, which must never block (it
 queues, or applies the slow-consumer policy).
 
-Recipient sets are cached per (group, instance, to, is-reply), so
-steady-state routing is one dict lookup plus one ``deliver`` per recipient.
-A subscription change drops only the cached sets of its own group (a Hat
-pattern with a wildcard first segment, which may match any group, drops
-them all), and a connection's arrival or departure only those of its
-groups and of messages addressed to it: one client churning subscriptions
-does not make every other client's traffic miss the cache.
+Who receives what is the subscription index's (broker/core/sublist.py, with
+its recipient cache); the counters are broker/core/counters.py's, the lnames
+broker/core/lnames.py's.  The router enforces permissions and limits before
+it changes the index, routes and batches, and hands batches to observers.
 """
 
 from __future__ import annotations
 
-import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,22 +31,21 @@ from broker.core.auth import (
     Principal,
     Refusal,
 )
+from broker.core.counters import Counters
+from broker.core.eventtypes import STAR
+from broker.core.lnames import LnameFactory
 from broker.core.reasons import CloseReason
+from broker.core.sublist import (
+    MEONLY,
+    NORMAL,
+    PROMISC,
+    SUBTYPES,
+    RouteKey,
+    SubscriptionIndex,
+)
 
-NORMAL = 0
-MEONLY = 1
-PROMISC = 2
-SUBTYPES = {b"normal": NORMAL, b"meonly": MEONLY, b"promisc": PROMISC}
-
-STAR = b"*"
-
-# (group, instance, to, is_reply): what a message's recipients depend on.
-RouteKey = tuple[bytes, bytes, bytes, bool]
-
-# Recipient-set cache bound: directed traffic to many distinct lnames (or
-# many distinct instances) would otherwise grow the cache without limit.
-# When full it is simply cleared; rebuilding an entry is one index walk.
-CACHE_LIMIT = 65_536
+# Names other modules import from here (defined in sublist, counters, eventtypes).
+__all__ = ["MEONLY", "NORMAL", "PROMISC", "STAR", "SUBTYPES", "Counters", "RouteKey"]
 
 # Default of ``[broker] max_subscriptions``: subscriptions (instance
 # subscriptions plus Hat patterns) one connection may hold.  Every one is
@@ -58,42 +53,6 @@ CACHE_LIMIT = 65_536
 # client must not be able to create them without bound; real clients use a
 # handful, so this only stops runaway or hostile ones.
 DEFAULT_MAX_SUBSCRIPTIONS = 10_000
-
-# Cache key: (group, instance, to, is-reply).
-CacheKey = tuple[bytes, bytes, bytes, bool]
-
-
-class _GroupMembers:
-    """Per group: which endpoints hold a subscription of each kind, on any instance.
-
-    Counts per endpoint (an endpoint may subscribe several instances), so a
-    message sent with instance "*" finds its recipients without walking every
-    instance map of the group.
-    """
-
-    __slots__ = ("broadcast", "directed", "promisc")
-
-    def __init__(self) -> None:
-        # normal or promisc: take to="*" messages
-        self.broadcast: dict[Endpoint, int] = {}
-        # normal or meonly: make a directed message's target eligible
-        self.directed: dict[Endpoint, int] = {}
-        # promisc: see every message of the group
-        self.promisc: dict[Endpoint, int] = {}
-
-    def add(self, ep: Endpoint, subtype: int, delta: int) -> None:
-        for table, takes in (
-            (self.broadcast, subtype != MEONLY),
-            (self.directed, subtype != PROMISC),
-            (self.promisc, subtype == PROMISC),
-        ):
-            if takes:
-                n = table.get(ep, 0) + delta
-                if n:
-                    table[ep] = n
-                else:
-                    del table[ep]
-
 
 class Endpoint:
     """A routing endpoint: one connection of any protocol, or one bridge.
@@ -171,127 +130,6 @@ class Routed:
     server: int = 0
 
 
-@attrs.define
-class Counters:
-    """Broker-wide counters.  Plain ints: they are on the per-message path."""
-
-    msgs_in: int = 0
-    bytes_in: int = 0
-    msgs_out: int = 0
-    bytes_out: int = 0
-    undeliverable: int = 0
-    dropped: int = 0
-    slow_consumer_disconnects: int = 0
-    protocol_errors: int = 0
-    # Subscribes refused by max_subscriptions (also counted as protocol errors
-    # by the adapter that answered them).
-    subscriptions_refused: int = 0
-    accepted: dict[str, int] = attrs.Factory(dict)
-    closed: dict[str, int] = attrs.Factory(dict)
-    # Totals of endpoints that have gone, so per-protocol sums survive disconnects.
-    gone_in: dict[str, list[int]] = attrs.Factory(dict)
-    gone_out: dict[str, list[int]] = attrs.Factory(dict)
-    # "protocol:reason" -> count; see protocol_error() and drop().
-    errors: dict[str, int] = attrs.Factory(dict)
-    drops: dict[str, int] = attrs.Factory(dict)
-    # "protocol:reason" -> connections refused at accept (max_connections).
-    refused: dict[str, int] = attrs.Factory(dict)
-    # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
-    accept_errors: int = 0
-    # Section 7: protocol -> refused credentials; "protocol:action" -> refusals.
-    auth_failures: dict[str, int] = attrs.Factory(dict)
-    permission_denied: dict[str, int] = attrs.Factory(dict)
-
-    def auth_failure(self, protocol: str) -> None:
-        self.auth_failures[protocol] = self.auth_failures.get(protocol, 0) + 1
-
-    def denied(self, protocol: str, action: str) -> None:
-        key = f"{protocol}:{action}"
-        self.permission_denied[key] = self.permission_denied.get(key, 0) + 1
-
-    def protocol_error(self, protocol: str, reason: str) -> None:
-        """Count one protocol error.  ``reason`` is a short fixed label
-        ("malformed", "rejected", ...), never free text: it becomes a metric label."""
-        self.protocol_errors += 1
-        key = f"{protocol}:{reason}"
-        self.errors[key] = self.errors.get(key, 0) + 1
-
-    def refuse(self, protocol: str, reason: str) -> None:
-        """Count one connection refused at accept (a RefusalReason label)."""
-        key = f"{protocol}:{reason}"
-        self.refused[key] = self.refused.get(key, 0) + 1
-
-    def drop(self, protocol: str, reason: str) -> None:
-        """Count one message dropped for a reason other than a full outgoing queue
-        (which endpoints count themselves), e.g. an HSP DATA of an unknown Type."""
-        self.dropped += 1
-        key = f"{protocol}:{reason}"
-        self.drops[key] = self.drops.get(key, 0) + 1
-
-
-def event_type(group: bytes, instance: bytes) -> tuple[bytes, ...]:
-    """Skan (group, instance) -> Hat event type: ``(G, *I.split("/"))``; "*" -> ``(G,)``."""
-    if instance == STAR:
-        return (group,)
-    return (group, *instance.split(b"/"))
-
-
-def matches(pattern: tuple[bytes, ...], etype: tuple[bytes, ...]) -> bool:
-    """Hat event-type pattern match: ``*`` (last) matches any rest, ``?`` one segment."""
-    n = len(etype)
-    for i, seg in enumerate(pattern):
-        if seg == STAR:
-            return True
-        if i >= n:
-            return False
-        if seg != b"?" and seg != etype[i]:
-            return False
-    return len(pattern) == n
-
-
-def _patterns_take(
-    pats: dict[tuple[bytes, ...], int], etype: tuple[bytes, ...], to: bytes, lname: bytes
-) -> bool:
-    """Pattern subscriptions take a message on a matching type: broadcasts unless
-    meonly, directed ones when addressed to the subscriber or when promisc."""
-    for pat, st in pats.items():
-        if matches(pat, etype) and (
-            st == PROMISC or (st == NORMAL and to == STAR) or to == lname
-        ):
-            return True
-    return False
-
-
-# Random bits in every lname (BROKER-SPEC section 7): 64 bits make guessing
-# another connection's lname (to forge a reply to it) hopeless.
-LNAME_RANDOM_BYTES = 8
-
-
-def _may_get_reply(target: Endpoint, group: bytes) -> bool:
-    """A reply reaches its requester regardless of subscriptions, but only in a
-    group the requester may subscribe to (as NATS asks for subscribe permission
-    on reply subjects)."""
-    return target.perms is None or target.perms.may_subscribe(group)
-
-
-class _LnameFactory:
-    """lnames in the msgq format ``%x_%x@%s``: hex time, then the hex counter
-    followed by 16 hex digits from :mod:`secrets`, then the host.
-
-    The counter alone makes every lname unique for the broker's lifetime; the
-    random suffix makes it unguessable.
-    """
-
-    def __init__(self, host: str | None = None) -> None:
-        self._host = host or socket.gethostname() or "localhost"
-        self._counter = 0
-
-    def __call__(self) -> bytes:
-        self._counter += 1
-        rand = secrets.token_hex(LNAME_RANDOM_BYTES)
-        return f"{int(time.time()):x}_{self._counter:x}{rand}@{self._host}".encode()
-
-
 class Router:
     """Subscription index plus the send rules of BROKER-SPEC section 1."""
 
@@ -315,29 +153,13 @@ class Router:
         self.started = clock()
         self.counters = Counters()
         # lnames carry HOST/SERVER_ID (section 7): the broker owning one is known.
-        self._new_lname = _LnameFactory(
+        self._new_lname = LnameFactory(
             hostname or f"{socket.gethostname() or 'localhost'}/{server_id}")
         self.endpoints: dict[bytes, Endpoint] = {}
-        # group -> instance -> {endpoint: subtype}
-        self._subs: dict[bytes, dict[bytes, dict[Endpoint, int]]] = {}
-        # group -> who subscribes what kind on any instance (instance "*" sends)
-        self._members: dict[bytes, _GroupMembers] = {}
-        # endpoint -> {(group, instance)} for removal on disconnect
-        self._owned: dict[Endpoint, set[tuple[bytes, bytes]]] = {}
-        # endpoint -> {pattern: subtype}; Hat event-type patterns (Eventer, Mariner, bridges)
-        self._patterns: dict[Endpoint, dict[tuple[bytes, ...], int]] = {}
-        # Pattern holders by the pattern's first segment (None: a wildcard
-        # first segment, which may match any group), with pattern counts.
-        self._pattern_groups: dict[bytes | None, dict[Endpoint, int]] = {}
-        self.subscription_count = 0
-        self._cache: dict[CacheKey, tuple[Endpoint, ...]] = {}
-        # Which cached keys to drop on a change: per group, and per directed
-        # target lname (an endpoint arriving or leaving changes those).
-        self._cache_by_group: dict[bytes, set[CacheKey]] = {}
-        self._cache_by_target: dict[bytes, set[CacheKey]] = {}
-        # Bumped on every subscription or connection change (the routing log
-        # keys its own caches on it).
-        self.generation = 0
+        # Who subscribes to what, and the cached recipient sets (sublist.py);
+        # ``_cache`` is its cache, looked up directly on the hot path.
+        self.index = SubscriptionIndex(self.endpoints)
+        self._cache = self.index.cache
         # Live connections per protocol, kept current so ``stats`` never walks
         # every endpoint (a burst of stats requests must stay cheap).
         self.live: dict[str, int] = {}
@@ -369,10 +191,8 @@ class Router:
         self.slice_writes: list[Callable[[], None]] | None = None
         # Called with each endpoint on detach (adapters, metrics).
         self.on_detach: list[Callable[[Endpoint], None]] = []
-        # Called with (group, True/False) when a group gains its first or
-        # loses its last instance subscription, and with (pattern, ...) for
-        # each Hat pattern subscription made or removed (the cluster backplane).
-        self.interest: list[Callable[[bytes | tuple[bytes, ...], bool], None]] = []
+        # Interest changes of the index (the cluster backplane appends here).
+        self.interest = self.index.interest
         # Set by the metrics service (None = metrics off, no per-message cost):
         # group -> [messages routed, deliveries], and the routing-latency
         # buckets the transport fills per received chunk.
@@ -467,20 +287,17 @@ class Router:
             if new.perms is not None:
                 self._prune(ep, new.perms)
         # Permissions decide reply eligibility in every group: drop every cached set.
-        self._invalidate_group(None)
+        self.index.invalidate_group(None)
         return revoked
 
     def _prune(self, ep: Endpoint, perms: Permissions) -> None:
         """Remove the subscriptions of ``ep`` that ``perms`` no longer allow."""
-        for group, instance in list(self._owned.get(ep, ())):
-            subtype = self._subs[group][instance][ep]
+        for group, instance, subtype in self.index.instance_subscriptions(ep):
             if perms.subscribe_problem(group, subtype == PROMISC) is not None:
                 self.unsubscribe(ep, group, instance)
-        pats = self._patterns.get(ep)
-        if pats:
-            for pattern, subtype in list(pats.items()):
-                if perms.pattern_problem(pattern, subtype == PROMISC) is not None:
-                    self.unsubscribe_pattern(ep, pattern)
+        for pattern, subtype in self.index.pattern_subscriptions(ep):
+            if perms.pattern_problem(pattern, subtype == PROMISC) is not None:
+                self.unsubscribe_pattern(ep, pattern)
 
     # ---- endpoints -------------------------------------------------------
 
@@ -495,7 +312,7 @@ class Router:
         acc[proto] = acc.get(proto, 0) + 1
         self.live[proto] = self.live.get(proto, 0) + 1
         # Directed messages to this lname may have been cached (as undeliverable).
-        self._invalidate_target(lname)
+        self.index.invalidate_target(lname)
         return lname
 
     def detach(self, endpoint: Endpoint, reason: str = CloseReason.CLOSED) -> None:
@@ -507,67 +324,27 @@ class Router:
         self.live[endpoint.protocol] -= 1
         if endpoint.principal is not None:
             self.auth.release(endpoint.principal)
-        for group, instance in self._owned.pop(endpoint, ()):
-            self._remove(endpoint, group, instance)
-            self._invalidate_group(group)
-        pats = self._patterns.pop(endpoint, None)
-        if pats:
-            self.subscription_count -= len(pats)
-            for pattern in pats:
-                self._pattern_index(endpoint, pattern, -1)
-            for callback in self.interest:
-                for pat in pats:
-                    callback(pat, False)
-        self._invalidate_target(endpoint.lname)
-        self.generation += 1
-        c = self.counters
-        key = f"{endpoint.protocol}:{reason}"
-        c.closed[key] = c.closed.get(key, 0) + 1
-        gin = c.gone_in.setdefault(endpoint.protocol, [0, 0])
-        gin[0] += endpoint.msgs_in
-        gin[1] += endpoint.bytes_in
-        gout = c.gone_out.setdefault(endpoint.protocol, [0, 0, 0])
-        gout[0] += endpoint.msgs_out
-        gout[1] += endpoint.bytes_out
-        gout[2] += endpoint.dropped
+        self.index.remove(endpoint)
+        self.counters.endpoint_gone(endpoint.protocol, reason, endpoint.msgs_in,
+                                    endpoint.bytes_in, endpoint.msgs_out, endpoint.bytes_out,
+                                    endpoint.dropped)
         for callback in self.on_detach:
             callback(endpoint)
 
     # ---- subscriptions ---------------------------------------------------
 
-    def _invalidate_group(self, group: bytes | None) -> None:
-        """Drop the cached recipient sets of one group (None: of every group)."""
-        self.generation += 1
-        if group is None:
-            self._cache.clear()
-            self._cache_by_group.clear()
-            self._cache_by_target.clear()
-            return
-        keys = self._cache_by_group.pop(group, None)
-        if keys:
-            self._drop_keys(keys, self._cache_by_target, 2)
+    @property
+    def subscription_count(self) -> int:
+        return self.index.count
 
-    def _invalidate_target(self, lname: bytes) -> None:
-        keys = self._cache_by_target.pop(lname, None)
-        if keys:
-            self._drop_keys(keys, self._cache_by_group, 0)
-
-    def _drop_keys(
-        self, keys: set[CacheKey], other: dict[bytes, set[CacheKey]], field: int
-    ) -> None:
-        """Forget cached keys, also from the other index (keyed by ``key[field]``)."""
-        cache = self._cache
-        for key in keys:
-            cache.pop(key, None)
-            peers = other.get(key[field])
-            if peers is not None:
-                peers.discard(key)
-                if not peers:
-                    del other[key[field]]
+    @property
+    def generation(self) -> int:
+        """Bumped on every subscription or connection change (the routing log's caches)."""
+        return self.index.generation
 
     def subscription_total(self, endpoint: Endpoint) -> int:
         """Subscriptions ``endpoint`` holds: instance subscriptions plus patterns."""
-        return len(self._owned.get(endpoint, ())) + len(self._patterns.get(endpoint, ()))
+        return self.index.total(endpoint)
 
     def subscriptions_fit(self, endpoint: Endpoint, n: int = 1) -> bool:
         """Whether ``n`` more subscriptions stay within ``max_subscriptions``.
@@ -593,72 +370,16 @@ class Router:
             problem = perms.subscribe_problem(group, subtype == PROMISC)
             if problem is not None:
                 raise self._denied(endpoint, SUBSCRIBE, problem)
-        inst_map = self._subs.get(group, {}).get(instance)
-        old = None if inst_map is None else inst_map.get(endpoint)
+        index = self.index
+        old = index.subtype(endpoint, group, instance)
         if old is None and not self.subscriptions_fit(endpoint):
             return False
-        if inst_map is None:
-            gmap = self._subs.get(group)
-            if gmap is None:
-                gmap = self._subs[group] = {}
-                for callback in self.interest:
-                    callback(group, True)
-            inst_map = gmap.setdefault(instance, {})
-        members = self._members.get(group)
-        if members is None:
-            members = self._members[group] = _GroupMembers()
-        if old is None:
-            self.subscription_count += 1
-            self._owned.setdefault(endpoint, set()).add((group, instance))
-        else:
-            members.add(endpoint, old, -1)
-        inst_map[endpoint] = subtype
-        members.add(endpoint, subtype, 1)
-        self._invalidate_group(group)
-        return True
-
-    def _remove(self, endpoint: Endpoint, group: bytes, instance: bytes) -> bool:
-        gmap = self._subs.get(group)
-        if gmap is None:
-            return False
-        inst_map = gmap.get(instance)
-        if inst_map is None or endpoint not in inst_map:
-            return False
-        self._members[group].add(endpoint, inst_map.pop(endpoint), -1)
-        self.subscription_count -= 1
-        if not inst_map:
-            del gmap[instance]
-            if not gmap:
-                del self._subs[group]
-                del self._members[group]
-                for callback in self.interest:
-                    callback(group, False)
+        index.subscribe(endpoint, group, instance, subtype)
         return True
 
     def unsubscribe(self, endpoint: Endpoint, group: bytes, instance: bytes) -> None:
         """No-op when the subscription does not exist."""
-        if self._remove(endpoint, group, instance):
-            self._owned[endpoint].discard((group, instance))
-            self._invalidate_group(group)
-
-    @staticmethod
-    def _pattern_group(pattern: tuple[bytes, ...]) -> bytes | None:
-        """The one group a pattern can match, or None when its first segment is a wildcard."""
-        if not pattern or pattern[0] in (STAR, b"?"):
-            return None
-        return pattern[0]
-
-    def _pattern_index(self, endpoint: Endpoint, pattern: tuple[bytes, ...], delta: int) -> None:
-        group = self._pattern_group(pattern)
-        holders = self._pattern_groups.setdefault(group, {})
-        n = holders.get(endpoint, 0) + delta
-        if n:
-            holders[endpoint] = n
-        else:
-            holders.pop(endpoint, None)
-            if not holders:
-                del self._pattern_groups[group]
-        self._invalidate_group(group)
+        self.index.unsubscribe(endpoint, group, instance)
 
     def subscribe_pattern(
         self, endpoint: Endpoint, pattern: Iterable[bytes], subtype: int = NORMAL
@@ -675,183 +396,59 @@ class Router:
             problem = perms.pattern_problem(pattern, subtype == PROMISC)
             if problem is not None:
                 raise self._denied(endpoint, SUBSCRIBE, problem)
-        pats = self._patterns.get(endpoint)
-        if pats is None or pattern not in pats:
-            if not self.subscriptions_fit(endpoint):
-                return False
-            if pats is None:
-                pats = self._patterns[endpoint] = {}
-            self.subscription_count += 1
-            pats[pattern] = subtype
-            self._pattern_index(endpoint, pattern, 1)
-            for callback in self.interest:
-                callback(pattern, True)
-        else:
-            pats[pattern] = subtype
-            self._invalidate_group(self._pattern_group(pattern))
+        index = self.index
+        if not index.holds_pattern(endpoint, pattern) and not self.subscriptions_fit(endpoint):
+            return False
+        index.subscribe_pattern(endpoint, pattern, subtype)
         return True
 
     def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
-        pats = self._patterns.get(endpoint)
-        pattern = tuple(pattern)
-        if pats and pats.pop(pattern, None) is not None:
-            self.subscription_count -= 1
-            self._pattern_index(endpoint, pattern, -1)
-            for callback in self.interest:
-                callback(pattern, False)
+        self.index.unsubscribe_pattern(endpoint, pattern)
 
-    # ---- read-only views for the connection listing ------------------------
+    # ---- read-only views for the connection listing (the index's) ------------
 
     def subscriptions_of(
         self, endpoint: Endpoint, limit: int | None = None
     ) -> list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]]:
-        """What ``endpoint`` subscribes: ``(group, instance, None, subtype)`` for
-        instance subscriptions, ``(first segment, None, pattern, subtype)`` for Hat
-        patterns; at most ``limit`` of them."""
-        out: list[tuple[bytes, bytes | None, tuple[bytes, ...] | None, int]] = []
-        subs = self._subs
-        for group, instance in self._owned.get(endpoint, ()):
-            if limit is not None and len(out) >= limit:
-                return out
-            out.append((group, instance, None, subs[group][instance][endpoint]))
-        for pattern, subtype in self._patterns.get(endpoint, {}).items():
-            if limit is not None and len(out) >= limit:
-                break
-            out.append((pattern[0] if pattern else b"", None, pattern, subtype))
-        return out
+        """What ``endpoint`` subscribes (see :meth:`SubscriptionIndex.subscriptions_of`)."""
+        return self.index.subscriptions_of(endpoint, limit)
 
     def group_holders(self, group: bytes) -> set[Endpoint]:
-        """Endpoints whose subscriptions may take messages of ``group``: instance
-        subscriptions on it, and Hat patterns whose first segment is it or a
-        wildcard.  Read from the indexes: no walk over every endpoint."""
-        out: set[Endpoint] = set()
-        for inst_map in self._subs.get(group, {}).values():
-            out.update(inst_map)
-        for holders in (self._pattern_groups.get(group), self._pattern_groups.get(None)):
-            if holders:
-                out.update(holders)
-        return out
+        """Endpoints whose subscriptions may take messages of ``group``."""
+        return self.index.group_holders(group)  # type: ignore[return-value]
 
     def iter_subscriptions(self, group: bytes | None = None):
-        """Every subscription as ``(endpoint, group, instance, pattern, subtype)``
-        (the shapes of :meth:`subscriptions_of`); with ``group``, only those
-        :meth:`group_holders` would find.  A generator: the caller bounds the walk."""
-        groups = self._subs.items() if group is None else (
-            ((group, self._subs[group]),) if group in self._subs else ())
-        for g, gmap in groups:
-            for instance, inst_map in gmap.items():
-                for ep, subtype in inst_map.items():
-                    yield ep, g, instance, None, subtype
-        if group is None:
-            for ep, pats in self._patterns.items():
-                for pattern, subtype in pats.items():
-                    yield ep, pattern[0] if pattern else b"", None, pattern, subtype
-            return
-        for key in (group, None):
-            for ep in self._pattern_groups.get(key, {}):
-                for pattern, subtype in self._patterns.get(ep, {}).items():
-                    if self._pattern_group(pattern) == key:
-                        yield ep, pattern[0] if pattern else b"", None, pattern, subtype
+        """Every subscription as ``(endpoint, group, instance, pattern, subtype)``."""
+        return self.index.iter_subscriptions(group)
 
     @property
     def group_count(self) -> int:
-        return len(self._subs)
+        return self.index.group_count
 
     def group_subscriptions(self, group: bytes) -> int:
         """Instance subscriptions currently held on ``group`` (patterns not included)."""
-        return sum(len(m) for m in self._subs.get(group, {}).values())
+        return self.index.group_subscriptions(group)
 
     def groups(self) -> list[bytes]:
-        return list(self._subs)
+        return self.index.groups()
 
     # ---- routing ---------------------------------------------------------
 
-    def _recipients(
+    def recipients(
         self, group: bytes, instance: bytes, to: bytes, reply: bool
     ) -> tuple[Endpoint, ...]:
-        out: dict[Endpoint, None] = {}
-        if instance == STAR:
-            # Every instance of the group: the per-group tables, not the instance maps.
-            members = self._members.get(group)
-            if members is not None:
-                if to == STAR:
-                    out.update(dict.fromkeys(members.broadcast))
-                else:
-                    target = self.endpoints.get(to)
-                    if target is not None and (
-                        (reply and _may_get_reply(target, group)) or target in members.directed
-                    ):
-                        out[target] = None
-                    out.update(dict.fromkeys(members.promisc))
-            elif to != STAR and reply:
-                target = self.endpoints.get(to)
-                if target is not None and _may_get_reply(target, group):
-                    out[target] = None
-        else:
-            gmap = self._subs.get(group, {})
-            inst_maps = [m for m in (gmap.get(instance), gmap.get(STAR)) if m]
-            if to == STAR:
-                for inst_map in inst_maps:
-                    for ep, st in inst_map.items():
-                        if st != MEONLY:
-                            out[ep] = None
-            else:
-                target = self.endpoints.get(to)
-                if target is not None and (
-                    (reply and _may_get_reply(target, group))
-                    or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
-                ):
-                    out[target] = None
-                for inst_map in inst_maps:
-                    for ep, st in inst_map.items():
-                        if st == PROMISC:
-                            out[ep] = None
-        if self._pattern_groups:
-            etype = event_type(group, instance)
-            patterns = self._patterns
-            for holders in (self._pattern_groups.get(group), self._pattern_groups.get(None)):
-                if holders:
-                    for ep in holders:
-                        if ep not in out and _patterns_take(patterns[ep], etype, to, ep.lname):
-                            out[ep] = None
-        return tuple(out)
+        """The cached recipient set (the sender is excluded at delivery time)."""
+        return self.index.recipients(group, instance, to, reply)  # type: ignore[return-value]
 
     def pattern_receives(
         self, endpoint: Endpoint, group: bytes, instance: bytes, to: bytes
     ) -> bool:
         """Would ``endpoint``'s pattern subscriptions take this message?
 
-        The live rule of :meth:`_recipients`, for adapters that replay
-        retained messages (Mariner ``last_event_id``) to a subscriber.
+        The live rule of the index, for adapters that replay retained messages
+        (Mariner ``last_event_id``) to a subscriber.
         """
-        pats = self._patterns.get(endpoint)
-        return bool(pats) and _patterns_take(
-            pats, event_type(group, instance), to, endpoint.lname
-        )
-
-    def recipients(
-        self, group: bytes, instance: bytes, to: bytes, reply: bool
-    ) -> tuple[Endpoint, ...]:
-        """The cached recipient set (the sender is excluded at delivery time)."""
-        key = (group, instance, to, reply)
-        recips = self._cache.get(key)
-        if recips is None:
-            recips = self._recipients(group, instance, to, reply)
-            if len(self._cache) >= CACHE_LIMIT:
-                self._cache.clear()
-                self._cache_by_group.clear()
-                self._cache_by_target.clear()
-            self._cache[key] = recips
-            keys = self._cache_by_group.get(group)
-            if keys is None:
-                keys = self._cache_by_group[group] = set()
-            keys.add(key)
-            if to != STAR:
-                keys = self._cache_by_target.get(to)
-                if keys is None:
-                    keys = self._cache_by_target[to] = set()
-                keys.add(key)
-        return recips
+        return self.index.pattern_receives(endpoint, group, instance, to)
 
     def route(
         self,
@@ -884,7 +481,7 @@ class Router:
             self.check_publish(sender, key[0])
         recips = self._cache.get(key)
         if recips is None:
-            recips = self.recipients(*key)
+            recips = self.index.recipients(*key)
         if not self._in_batch:
             self._in_batch = True
             self.session += 1

@@ -13,13 +13,13 @@ backoff, keeping the status that metrics export.
 from __future__ import annotations
 
 import logging
-import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
+from broker.core.backoff import Backoff
 from broker.core.inject import FrameTooLarge, Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
@@ -214,7 +214,7 @@ async def _reconnect_forever(
     cfg: BridgeSection,
     attempt: Callable[[BridgeStatus], Awaitable[None]],
 ) -> None:
-    delay = cfg.backoff_initial
+    backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
     while True:
         try:
             await attempt(status)
@@ -226,9 +226,8 @@ async def _reconnect_forever(
         status.up = False
         if was_up:
             # The connection worked: start the backoff from the beginning.
-            delay = cfg.backoff_initial
+            backoff.reset()
         log.warning("bridge %s down (%s); retrying in %.1fs", status.name, status.last_error,
-                    delay)
-        await trio.sleep(delay * random.uniform(0.8, 1.2))
+                    backoff.delay)
+        await trio.sleep(backoff.wait())
         status.reconnects += 1
-        delay = min(delay * 2, cfg.backoff_max)

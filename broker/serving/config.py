@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from broker.core.auth import Authenticator, group_pattern_problem, hash_token
+from broker.core.eventtypes import pattern_problem
 from broker.core.queue import MIN_QUEUE_LIMIT
 from broker.core.router import DEFAULT_MAX_SUBSCRIPTIONS
 
@@ -492,6 +493,10 @@ def _check_bridge(key: str, bridge: BridgeSection) -> None:
         raise ConfigError(f"{key}.address", "must be 'host:port'")
     if bridge.protocol != "hsp" and any(not s for s in bridge.subscriptions):
         raise ConfigError(f"{key}.subscriptions", "an event-type pattern must not be empty")
+    for pattern in bridge.subscriptions if bridge.protocol != "hsp" else ():
+        problem = pattern_problem(pattern)
+        if problem is not None:
+            raise ConfigError(f"{key}.subscriptions", problem)
     if bridge.tls_key is not None and bridge.tls_cert is None:
         raise ConfigError(f"{key}.tls_key", "needs tls_cert (the client certificate)")
     if bridge.tls_cert is not None and not bridge.tls:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import attrs
 
 from broker.core import events
+from broker.core.eventtypes import event_type, matches, pattern_group
 from broker.core.retention import (
     GROUP,
     INSTANCE,
@@ -39,7 +40,7 @@ from broker.core.retention import (
     RetentionStore,
     view,
 )
-from broker.core.router import Routed, Router, event_type, matches
+from broker.core.router import Routed, Router
 from broker.store import Store
 from wire import eventer as w
 
@@ -232,9 +233,10 @@ def _literal_groups(event_types: tuple[w.EventType, ...] | None) -> list[bytes] 
     for pattern in event_types:
         if not pattern:
             continue  # the empty pattern matches no event type
-        if pattern[0] in ("*", "?"):
+        group = pattern_group(pattern)
+        if group is None:
             return None
-        groups.append(pattern[0].encode())
+        groups.append(group.encode())
     return list(dict.fromkeys(groups))
 
 

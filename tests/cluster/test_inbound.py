@@ -158,9 +158,9 @@ def test_remote_senders_keep_their_lnames_in_the_routing_log():
 
 
 def test_remote_senders_are_bounded(monkeypatch):
+    monkeypatch.setattr("broker.cluster.backplane.SENDER_CACHE_LIMIT", 4)
     router = Router(server_id=2)
     bp = Backplane(router, 2)
-    monkeypatch.setattr("broker.cluster.backplane.SENDER_CACHE_LIMIT", 4)
     for i in range(10):
         bp._sender(b"s%d" % i)
     assert len(bp._senders) <= 4

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router, matches
+from broker.core.eventtypes import matches
+from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
 from wire.skan import decode_header, encode_frame
 
 

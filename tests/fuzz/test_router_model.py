@@ -14,7 +14,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.core.router import MEONLY, NORMAL, PROMISC, STAR, Endpoint, Routed, Router, matches
+from broker.core.eventtypes import STAR, matches
+from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
 from tests.fuzz.conftest import PROFILE, tally
 
 GROUPS = [b"a", b"b", b"c"]

@@ -107,8 +107,8 @@ def test_no_delivery_outside_subscribe_permissions(initial, ops):
             for ep in conns:
                 perms = ep.perms
                 assert perms is not None
-                for group, instance in router._owned.get(ep, ()):
-                    subtype = router._subs[group][instance][ep]
+                for group, instance in router.index._owned.get(ep, ()):
+                    subtype = router.index._subs[group][instance][ep]
                     assert perms.subscribe_problem(group, subtype == PROMISC) is None
-                for pattern, subtype in router._patterns.get(ep, {}).items():
+                for pattern, subtype in router.index._patterns.get(ep, {}).items():
                     assert perms.pattern_problem(pattern, subtype == PROMISC) is None

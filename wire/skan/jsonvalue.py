@@ -13,12 +13,16 @@ import json
 import math
 from typing import Any
 
+from wire.errors import LocalProtocolError
+
 # A Skan tag is one length byte then the tag bytes.
 MAX_TAG = 255
 
 
-class JsonValueError(ValueError):
-    """The JSON value cannot be expressed as a Skan value (the message says where)."""
+class JsonValueError(LocalProtocolError):
+    """The JSON value cannot be expressed as a Skan value (the message says where).
+
+    Of the wire error family: this side was asked to encode what Skan cannot carry."""
 
 
 class KeyNotTag(JsonValueError):

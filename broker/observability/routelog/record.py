@@ -30,6 +30,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
+from broker.core.bounded import BoundedCache
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan.codec import PURE_PYTHON
 
@@ -118,7 +119,8 @@ class RecordBuffer:
         self.on_full = on_full
         self._router = router
         self._generation = -1
-        self._parts: dict[tuple, tuple[str, str, tuple[Endpoint, ...]]] = {}
+        self._parts: BoundedCache[tuple, tuple[str, str, tuple[Endpoint, ...]]] = (
+            BoundedCache(PARTS_CACHE))
 
     def add(self, routed: Routed) -> None:
         self.observe([routed])
@@ -189,7 +191,7 @@ class RecordBuffer:
 
     def _new_parts(self, routed: Routed) -> tuple[str, str, tuple[Endpoint, ...]]:
         generation = self._router.generation if self._router is not None else 0
-        if len(self._parts) >= PARTS_CACHE or generation != self._generation:
+        if generation != self._generation:
             self._parts.clear()
             self._generation = generation
         sender, recips, h = routed.sender, routed.recipients, routed.header
@@ -211,9 +213,9 @@ class RecordBuffer:
         )
         parts = (prefix, suffix, recips)
         if recips:
-            self._parts[(sender, id(recips))] = parts
+            self._parts.put((sender, id(recips)), parts)
         else:
-            self._parts[(sender, group, instance, to)] = parts
+            self._parts.put((sender, group, instance, to), parts)
         return parts
 
 def _seq(seq: object) -> str:

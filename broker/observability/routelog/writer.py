@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from broker.core.backoff import Backoff
 from broker.core.router import Router
 from broker.observability.routelog.columns import ColumnBuffer, Columns, parts_only
 from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
@@ -374,7 +375,7 @@ class RoutingLog:
         Disk errors (full, quota, I/O) are retried with capped backoff; the
         records stay queued meanwhile and back-pressure holds routing back.
         """
-        delay = RETRY_FIRST
+        backoff = Backoff(RETRY_FIRST, RETRY_MAX)
         failing_since: float | None = None
         error = first
         while True:
@@ -403,8 +404,7 @@ class RoutingLog:
                     self._file.abandon()
                 raise _GiveUp from error
             error = None
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
+            time.sleep(backoff.wait())
 
 
 class _GiveUp(Exception):

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from broker.core import events
+from broker.core.eventtypes import pattern_problem
 from broker.core.inject import FrameTooLarge, check_injected, route_injected
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
@@ -43,13 +44,6 @@ from wire import eventer as w
 from wire.errors import ProtocolError
 
 log = logging.getLogger(__name__)
-
-def check_subscription(pattern: w.EventType) -> str | None:
-    """Why an event-type pattern is not valid, or None (``*`` only as the last segment)."""
-    if any(seg == "*" for seg in pattern[:-1]):
-        return f"subscription {list(pattern)!r}: '*' may only be the last segment"
-    return None
-
 
 class EventerService:
     """What all Eventer connections of one broker share."""
@@ -289,7 +283,7 @@ class EventerEndpoint(QueuedEndpoint):
             reason = (f"too many subscriptions: {len(r.subscriptions)} "
                       f"(at most {self.router.max_subscriptions} per connection)")
         for pattern in r.subscriptions:
-            reason = reason or check_subscription(pattern)
+            reason = reason or pattern_problem(pattern)
         if reason is not None:
             self._refuse(req, reason, ErrorKind.INIT_REFUSED)
             return
@@ -369,6 +363,15 @@ class EventerEndpoint(QueuedEndpoint):
 
     def _query(self, req: w.QueryRequest) -> None:
         svc = self.service
+        types = getattr(req.params, "event_types", None) or ()
+        problem = next(filter(None, map(pattern_problem, types)), None)
+        if problem is not None:
+            # Eventer has no query error: the answer is empty, the fault counted and logged.
+            self.router.counters.protocol_error(self.protocol, ErrorKind.REJECTED)
+            log.info("eventer %s (%s): query refused: %s", self.lname.decode(),
+                     self.client_name, problem)
+            self._answer(req.conv, None, [], False)
+            return
         # Section 7: a query returns only what this client could have subscribed to.
         visible = None
         if self.perms is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 
 from broker.core import events
+from broker.core.bounded import BoundedCache
 from broker.core.router import Routed
 from wire import eventer as w
 from wire.chatter.sbs import encode_integer
@@ -34,7 +35,7 @@ _JSON = b"\x81"  # EventPayload.json (Choice index 1)
 _BINARY = b"\x80"  # EventPayload.binary (Choice index 0)
 # Cached encodings: type arrays per (group, instance), id prefixes per session.
 _TYPE_CACHE_LIMIT = 10_000
-_type_cache: dict[tuple[bytes, bytes], bytes] = {}
+_type_cache: BoundedCache[tuple[bytes, bytes], bytes] = BoundedCache(_TYPE_CACHE_LIMIT)
 _prefix: list = [None, None, b""]  # server, session, encoded server+session
 _second: list = [None, b""]  # whole seconds, encoded
 _SMALL = [encode_integer(i) for i in range(4096)]
@@ -52,11 +53,9 @@ def _type_bytes(group: bytes, instance: bytes) -> bytes:
     key = (group, instance)
     cached = _type_cache.get(key)
     if cached is None:
-        etype = events.event_type(group, instance)
-        cached = _int(len(etype)) + b"".join(_string(seg.encode()) for seg in etype)
-        if len(_type_cache) >= _TYPE_CACHE_LIMIT:
-            _type_cache.clear()
-        _type_cache[key] = cached
+        etype = events.hat_event_type(group, instance)
+        cached = _type_cache.put(
+            key, _int(len(etype)) + b"".join(_string(seg.encode()) for seg in etype))
     return cached
 
 

@@ -29,6 +29,7 @@ import trio
 
 from broker.cluster import cluster_query as cq
 from broker.core.events import pattern_bytes
+from broker.core.eventtypes import pattern_problem
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
 from broker.core.retention import RetentionStore, view
@@ -38,6 +39,7 @@ from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
 from wire import eventer as w
 from wire import mariner as mw
+from wire.errors import LocalProtocolError
 
 if TYPE_CHECKING:
     from broker.cluster.link import ClusterLink
@@ -148,6 +150,11 @@ class MarinerEndpoint(QueuedEndpoint):
             )
             return
         for pattern in init.subscriptions:
+            problem = pattern_problem(pattern)
+            if problem is not None:
+                self._fatal(problem)
+                return
+        for pattern in init.subscriptions:
             try:
                 self.router.subscribe_pattern(self, pattern_bytes(pattern))
             except NotPermitted as exc:
@@ -185,7 +192,7 @@ class MarinerEndpoint(QueuedEndpoint):
     def deliver(self, frame: bytes, routed: Routed) -> None:
         try:
             self._batch.append(self.encoded(routed))
-        except (ValueError, TypeError):  # pragma: no cover - the mapping covers every msg
+        except (ValueError, TypeError, LocalProtocolError):  # pragma: no cover - every msg maps
             # Never let one message's encoding disturb the sender's connection.
             log.exception("mariner: cannot encode session %d instance %d as an event",
                           routed.session, routed.instance)
@@ -227,13 +234,18 @@ class MarinerEndpoint(QueuedEndpoint):
                 cursor, done = self._replay_step(cursor, seam)
                 await self._writer_caught_up()
         finally:
-            # Synchronous from here: no live delivery can slip in between.
-            held, self._held = self._held or [], None
-            self._held_size = 0
-            for data, n in held:
-                if self.enqueue(data):
-                    self.msgs_out += n
-                    self.bytes_out += len(data)
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Queue the live events held back during a replay, and stop holding back.
+
+        Synchronous: no live delivery can slip in between."""
+        held, self._held = self._held or [], None
+        self._held_size = 0
+        for data, n in held:
+            if self.enqueue(data):
+                self.msgs_out += n
+                self.bytes_out += len(data)
 
     def _replay_step(
         self, cursor: tuple[int, int], seam: tuple[int, int]
@@ -325,12 +337,7 @@ class MarinerEndpoint(QueuedEndpoint):
             if batch:
                 self._send_events(batch, live=False)
         finally:
-            held, self._held = self._held or [], None
-            self._held_size = 0
-            for data, n in held:
-                if self.enqueue(data):
-                    self.msgs_out += n
-                    self.bytes_out += len(data)
+            self._release_held()
 
     async def _writer_caught_up(self) -> None:
         """Checkpoint between replay steps; wait while the queue is above its high-water mark."""

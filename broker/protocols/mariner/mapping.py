@@ -11,6 +11,7 @@ no type name, so any other name is not carried.
 from __future__ import annotations
 
 from broker.core import events as ev
+from broker.core.bounded import BoundedCache
 from broker.core.router import Routed
 from wire import mariner as mw
 from wire.hat import BinaryPayload, Payload, sbs_payload
@@ -44,7 +45,7 @@ class EncodedEvents:
         self.server_id = server_id
         self._last: Routed | None = None
         self._text = ""
-        self._types: dict[tuple[bytes, bytes], str] = {}
+        self._types: BoundedCache[tuple[bytes, bytes], str] = BoundedCache(self.TYPE_CACHE)
 
     def __call__(self, routed: Routed) -> str:
         if routed is not self._last:
@@ -52,9 +53,7 @@ class EncodedEvents:
             key = (header[b"group"], header[b"instance"])
             type_json = self._types.get(key)
             if type_json is None:
-                if len(self._types) >= self.TYPE_CACHE:
-                    self._types.clear()
-                type_json = self._types[key] = mw.encode_event_type(ev.event_type(*key))
+                type_json = self._types.put(key, mw.encode_event_type(ev.hat_event_type(*key)))
             s, us = split_timestamp(routed.timestamp)
             self._text = mw.encode_event_fields(
                 # A message from the cluster backplane keeps its origin's EventId.
