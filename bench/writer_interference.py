@@ -9,7 +9,9 @@ routing log's writer threads do their work.  For each message it records
 how late it finished routing (the time from when it was due until its
 observers were done): the wait for the interpreter lock and the CPU the
 writers take show up here and nowhere else.  Also the process's CPU per
-message (all threads).  Variants: nothing attached, store, log, both;
+message (all threads).  Variants: nothing attached, store (writer thread), store-process (the
+writer in a child process, broker/store/writer_process.py; its CPU is
+counted with the process's), log, both;
 ``--before TREE`` runs the same variants with another checkout's code
 (interleaved, each variant in its own process).
 """
@@ -17,9 +19,11 @@ message (all threads).  Variants: nothing attached, store, log, both;
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,10 +32,10 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # "log-jsonl": the routing log in its JSON Lines format (this tree only).
-VARIANTS = ("none", "store", "log", "store+log")
+VARIANTS = ("none", "store", "store-process", "log", "store+log")
 
 
-def child(variant: str, rate: int, seconds: float) -> dict:
+def child(variant: str, rate: int, seconds: float, nice: int) -> dict:
     from broker.core.router import NORMAL, Endpoint, Router
     from wire.skan import decode_header, encode_frame
 
@@ -45,12 +49,21 @@ def child(variant: str, rate: int, seconds: float) -> dict:
     router = Router()
     closers = []
     if "store" in variant:
+        from broker.serving.scheduling import lower_thread_priority
         from broker.store import Store
+        from broker.store.writer_process import ProcessStore
 
-        store = Store(os.path.join(work, "store"), size=100_000, max_bytes=256 << 20,
+        cls = ProcessStore if "process" in variant else Store
+        store = cls(os.path.join(work, "store"), size=100_000, max_bytes=256 << 20,
                       max_age=0.0, flush_interval=0.01)
         store.attach(router)
-        store.start()
+        if "process" in variant:
+            # store-process-samegroup: the child in the broker's session
+            # (and so its scheduler autogroup), to tell the two effects apart.
+            store.own_session = "samegroup" not in variant
+            store.start(nice=nice)
+        else:
+            store.start(None, functools.partial(lower_thread_priority, nice))
         closers.append(store.close)
     if "log" in variant:
         from broker.observability.routelog.files import LogDirectory
@@ -106,6 +119,9 @@ def child(variant: str, rate: int, seconds: float) -> dict:
     cpu = time.process_time() - cpu0
     for close in closers:
         close()
+    # The writer process's CPU ([store] writer = "process"; its close included).
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu += kids.ru_utime + kids.ru_stime
     late.sort()
     q = statistics.quantiles(late, n=1000)
     return {"p50": q[499] * 1e3, "p99": q[989] * 1e3, "p999": q[998] * 1e3,
@@ -118,11 +134,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=int, default=10_000)
+    # The store writer's nice increment, as [broker] writer_nice (default 10).
+    ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.rate, args.seconds)))
+        print(json.dumps(child(args.child, args.rate, args.seconds, args.nice)))
         return
     trees = [("this", ROOT)] + ([("before", args.before.resolve())] if args.before else [])
     results: dict[tuple[str, str], list[dict]] = {}
@@ -132,7 +150,8 @@ def main() -> None:
                 out = subprocess.run(
                     [sys.executable, str(ROOT / "bench" / "writer_interference.py"),
                      "--child", variant,
-                     "--rate", str(args.rate), "--seconds", str(args.seconds)],
+                     "--rate", str(args.rate), "--seconds", str(args.seconds),
+                     "--nice", str(args.nice)],
                     cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                     capture_output=True, text=True, check=True)
                 res = json.loads(out.stdout.strip().splitlines()[-1])
