@@ -12,8 +12,7 @@ import pytest
 import trio
 
 from broker.core.router import Router
-from broker.store import Store
-from broker.store import writer_process
+from broker.store import Store, writer_process
 from broker.store.writer_process import ProcessStore
 from tests.brokerproc import BrokerProcess
 from tests.store.test_store import Clock, Sender, route
