@@ -134,8 +134,13 @@ def connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def open_store(directory: str) -> sqlite3.Connection:
-    """Open (or create) the store in ``directory`` and verify it; raises :class:`StoreError`."""
+def open_store(directory: str, *, verify: bool = True) -> sqlite3.Connection:
+    """Open (or create) the store in ``directory`` and verify it; raises :class:`StoreError`.
+
+    ``verify=False``: the caller knows it was just verified (the writer
+    process, started by a broker that opened and checked the store itself):
+    no second quick_check, which is linear in the file's size.
+    """
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
@@ -152,6 +157,8 @@ def open_store(directory: str) -> sqlite3.Connection:
         if fresh:
             conn = connect(path)
             _create(conn)
+        elif not verify:
+            conn = connect(path)
         else:
             # Check before anything is written: switching a foreign database
             # to WAL would already change its file.  (Reading replays our own

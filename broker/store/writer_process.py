@@ -20,10 +20,11 @@ process see every committed transaction.
 Life cycle: the broker opens and checks the store itself (start-up
 refusals, index upgrade, the session reservation) before it starts the
 child, so nothing of that changes.  The child dies with the broker: it
-reads its requests from a pipe whose EOF ends it, and asks the kernel for
-SIGKILL when its parent dies (``PR_SET_PDEATHSIG``); a SIGKILL in the middle
-of a commit leaves SQLite's WAL consistent (the commit is then simply not
-there).  A child that dies is logged, its hand-over counted as a failed
+reads its requests from a pipe whose EOF ends it (after the commit it may
+be in: SQLite's WAL stays consistent whatever the moment); it runs in a
+session of its own and ignores SIGINT and SIGTERM, so a signal to the
+broker's process group reaches the broker, which then hands over what is
+queued and closes the pipe.  A child that dies is logged, its hand-over counted as a failed
 commit (its messages reported not persisted, its bridge spool and resume
 operations kept and handed over again: they are idempotent), and a new
 child is started at the next hand-over, at most once per
@@ -34,7 +35,6 @@ goes on).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import pickle
@@ -86,9 +86,10 @@ def _read_exact(fd: int, n: int) -> bytes:
 
 def _send(fd: int, obj: object) -> None:
     data = pickle.dumps(obj, protocol=5)
-    view = memoryview(_LEN.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
+    for part in (_LEN.pack(len(data)), data):  # no copy of the payload to prefix it
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _recv(fd: int) -> object:
@@ -205,22 +206,28 @@ class ProcessStore(Store):
     # ---- hand-over (writer's lock held) --------------------------------------------
 
     def _commit_queued(self) -> None:
-        ops = self._ops
-        taken = [ops.popleft() for _ in range(len(ops))]
+        """Hand everything queued to the child, in hand-overs of at most ``txn_bytes`` of
+        frames (one transaction each there: the memory a burst takes on both sides of
+        the pipe stays bounded by it), each answered once committed."""
+        self._hand_over(self._take() if self._ops else [])
+        while self._ops:
+            self._hand_over(self._take())
+
+    def _hand_over(self, taken: list) -> None:
         carried = self._carry.take([], [], {})
         ops_out = [(SPOOL_ADD, *a) for a in carried[0]] + [(SPOOL_DEL, *d) for d in carried[1]]
         ops_out += [(RESUME, *r) for r in carried[2].values()]
         ops_out += map(_portable, taken)
         if self._proc is None and not (
                 time.monotonic() - self._last_spawn >= RESPAWN_INTERVAL and self._spawn()):
-            self._lost(ops_out)
+            self._lost(ops_out, taken)
             return
         try:
             _send(self._to_child, ops_out)
             self._apply_reply(_recv(self._from_child))
         except (EOFError, OSError) as exc:
             self._child_died(exc)
-            self._lost(ops_out)
+            self._lost(ops_out, taken)
             return
         if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
             self._trimmed_at = self._taken_bytes
@@ -255,9 +262,17 @@ class ProcessStore(Store):
                       "a new one starts at the next commit (at most every %.0f s)", self.path,
                       status, exc, self.child_deaths, RESPAWN_INTERVAL)
 
-    def _lost(self, ops: list) -> None:
+    def _lost(self, ops: list, taken: list) -> None:
         """A hand-over no child committed: its messages are not persisted (counted and
         reported), its spool and resume operations are kept for the next one."""
+        # Off the queue all the same (the pending-bytes bound of observe()).
+        for op in taken:
+            if type(op) is list:
+                self._taken_bytes += sum(len(r.frame) for r in op)
+            elif op[0] == ROW:
+                self._taken_bytes += op[1][8]
+            elif op[0] == SPOOL_ADD:
+                self._taken_bytes += len(op[5])
         upto = None
         events = 0
         for op in ops:
@@ -290,15 +305,6 @@ class ProcessStore(Store):
 
 # ---- the child ---------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """SIGKILL when the broker dies (Linux), whatever it was doing."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def _state(writer: StoreWriter, taken0: int, reports: list) -> _Reply:
     return (reports, {n: getattr(writer.stats, n) for n in _CHILD_STATS}, writer.count,
             writer.bytes, writer.evicted, writer.evicted_upto, writer._taken_bytes - taken0,
@@ -312,10 +318,12 @@ def _as_routed(op: object) -> object:
 
 
 def child_main(args: dict, req_fd: int, rep_fd: int) -> None:
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before the request took effect
-        return
+    # No PR_SET_PDEATHSIG: Linux fires it when the *thread* that started the
+    # child ends, and a child restarted by the broker's shipping thread would
+    # be killed when that thread ends at close(), before its final commit.
+    # The request pipe's EOF is the signal instead: the kernel closes the
+    # broker's end when the broker dies however it dies, and only the broker
+    # holds it (os.pipe() descriptors are not inherited by other children).
     # SIGINT / SIGTERM sent to the broker's process group must not end the
     # child before the broker's final hand-over: the pipe's EOF ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -328,7 +336,7 @@ def child_main(args: dict, req_fd: int, rep_fd: int) -> None:
             os.nice(args["nice"])
     writer = StoreWriter(args["directory"], size=args["size"], max_bytes=args["max_bytes"],
                          max_age=args["max_age"], flush_interval=args["flush_interval"],
-                         spool_max_bytes=args["spool_max_bytes"])
+                         spool_max_bytes=args["spool_max_bytes"], verify=False)
     _send(rep_fd, _state(writer, writer._taken_bytes, []))
     while True:
         try:
