@@ -268,7 +268,7 @@ class RetentionSection:
 
 
 # [store] writer's default (see StoreSection.writer).
-WRITER_DEFAULT = "thread"
+WRITER_DEFAULT = "process"
 
 
 @attrs.frozen

@@ -121,6 +121,9 @@ class StoreStats:
     # reader's snapshot kept from completing (retried after the next commit).
     checkpoints: int = 0
     checkpoints_busy: int = 0
+    # Writer processes that ended unasked ([store] writer = "process";
+    # broker/store/writer_process.py): each is replaced.
+    writer_deaths: int = 0
 
 
 def default_dir(log_dir: str) -> str:

@@ -67,10 +67,13 @@ RESPAWN_INTERVAL = 5.0
 # Seconds close() waits for the child's final commit and checkpoint.
 CLOSE_TIMEOUT = 60.0
 _LEN = struct.Struct("<Q")
-# The child's counters the broker mirrors (StoreStats fields it alone changes).
-_CHILD_STATS = ("commits", "events_written", "bytes_written", "failed_commits",
-                "failed_events", "overload", "evicted", "last_error", "spool_retried",
-                "spool_lost", "checkpoints", "checkpoints_busy")
+# The child's counters the broker mirrors (StoreStats fields it changes).  The
+# broker's figure is its own share plus every child's (a new child starts
+# from 0: counters must never go back); evicted is the store's own total
+# (meta), last_error the newest.
+_SUMMED = ("commits", "events_written", "bytes_written", "failed_commits", "failed_events",
+           "overload", "spool_retried", "spool_lost", "checkpoints", "checkpoints_busy")
+_CHILD_STATS = (*_SUMMED, "evicted", "last_error")
 
 
 def _read_exact(fd: int, n: int) -> bytes:
@@ -123,7 +126,10 @@ class ProcessStore(Store):
         self._child_carried = 0
         self._last_spawn = -RESPAWN_INTERVAL
         self._last_death_log = -LOG_INTERVAL
-        self.child_deaths = 0
+        # Counters of children that ended plus the broker's own (_lost), and
+        # the running child's last figures.
+        self._base = dict.fromkeys(_SUMMED, 0)
+        self._child_last = dict.fromkeys(_SUMMED, 0)
         self.own_session = True
 
     # ---- life cycle ----------------------------------------------------------------
@@ -236,13 +242,24 @@ class ProcessStore(Store):
     def _apply_reply(self, reply: _Reply) -> None:
         reports, stats, self.count, self.bytes, self.evicted, self.evicted_upto, taken, \
             self._child_carried = reply
-        for name, value in stats.items():
-            setattr(self.stats, name, value)
+        for name in _SUMMED:
+            self._child_last[name] = stats[name]
+            setattr(self.stats, name, self._base[name] + stats[name])
+        self.stats.evicted = stats["evicted"]
+        if stats["last_error"]:
+            self.stats.last_error = stats["last_error"]
         self._taken_bytes += taken
         self._reports.extend(reports)
 
+    def _count(self, name: str, n: int) -> None:
+        self._base[name] += n
+        setattr(self.stats, name, getattr(self.stats, name) + n)
+
     def _child_died(self, exc: BaseException) -> None:
-        self.child_deaths += 1
+        self.stats.writer_deaths += 1
+        for name in _SUMMED:
+            self._base[name] += self._child_last[name]
+            self._child_last[name] = 0
         proc, self._proc = self._proc, None
         for fd in (self._to_child, self._from_child):
             with contextlib.suppress(OSError):
@@ -260,7 +277,7 @@ class ProcessStore(Store):
             self._last_death_log = now
             log.error("store %s: the writer process ended (status %s: %s); %d times so far; "
                       "a new one starts at the next commit (at most every %.0f s)", self.path,
-                      status, exc, self.child_deaths, RESPAWN_INTERVAL)
+                      status, exc, self.stats.writer_deaths, RESPAWN_INTERVAL)
 
     def _lost(self, ops: list, taken: list) -> None:
         """A hand-over no child committed: its messages are not persisted (counted and
@@ -285,14 +302,14 @@ class ProcessStore(Store):
                 events += row[2] - row[1] + 1
                 eid = (row[0], row[2])
             elif op[0] == LOST:
-                self.stats.overload += op[3]
+                self._count("overload", op[3])
                 eid = (op[1], op[2])
             else:
                 continue
             if upto is None or eid > upto:
                 upto = eid
-        self.stats.failed_commits += 1
-        self.stats.failed_events += events
+        self._count("failed_commits", 1)
+        self._count("failed_events", events)
         self.stats.last_error = "the writer process is not running"
         if upto is not None:
             self._reports.append((upto, False))
@@ -300,7 +317,7 @@ class ProcessStore(Store):
         dels = [op[1:] for op in ops if type(op) is tuple and op[0] == SPOOL_DEL]
         resume = {op[1]: op[1:] for op in ops if type(op) is tuple and op[0] == RESUME}
         if adds or dels or resume:
-            self.stats.spool_lost += self._carry.keep(adds, dels, resume)
+            self._count("spool_lost", self._carry.keep(adds, dels, resume))
 
 
 # ---- the child ---------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_a_writer_process_that_dies_is_counted_and_replaced(tmp_path, monkeypatc
     store.spool_add("hsp-0-x", lost[0])
     store.flush()
     # Its hand-over: not persisted (counted, reported), the spool insert kept.
-    assert store.child_deaths == 1
+    assert store.stats.writer_deaths == 1
     assert reports[-1] == ((lost[-1].session, lost[-1].instance), False)
     assert store.stats.failed_commits >= 1 and store.stats.failed_events >= 2
     assert store.pending() == 1
@@ -91,6 +91,9 @@ def test_a_writer_process_that_dies_is_counted_and_replaced(tmp_path, monkeypatc
     store.flush()
     assert reports[-1] == ((ok[0].session, ok[0].instance), True)
     assert store.pending() == 0
+    # Counters never go back across children: the dead child's commits stay counted.
+    assert store.stats.commits >= 2 and store.stats.events_written == 4
+    assert store.stats.failed_commits == 2 and store.stats.failed_events == 3
     assert [r.instance for r in store.spooled("hsp-0-x")] == [lost[0].instance]
     assert store.count == 4  # the 3 first and the last: the lost ones are not there
     store.close()
