@@ -235,6 +235,14 @@ class ProcessStore(Store):
             self._child_died(exc)
             self._lost(ops_out, taken)
             return
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as exc:
+            # A message whose decoded header would not pickle: a defect, but one
+            # that must not end the shipping thread.  The child may have read part
+            # of the hand-over: start a new one.
+            log.exception("store %s: a hand-over could not be encoded", self.path)
+            self._child_died(exc)
+            self._lost(ops_out, taken)
+            return
         if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
             self._trimmed_at = self._taken_bytes
             trim()

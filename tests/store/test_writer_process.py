@@ -134,3 +134,22 @@ def test_the_writer_process_dies_with_the_broker_and_runs_at_writer_nice(tmp_pat
         assert not _alive(child)
     finally:
         proc.stop()
+
+
+def test_a_batch_of_several_types_crosses_the_pipe_message_by_message(tmp_path):
+    from broker.core import events
+
+    store, router, sender = setup(tmp_path)
+    sent = []
+    for i in range(6):  # one routing batch, two groups taking turns
+        msg = events.send_for_event((f"g{i % 2}", "a"), events.JsonPayload(i),
+                                    sender=sender.lname, seq=i)
+        sent.append(router.route(sender, msg.frame, msg.header))
+    router.end_batch()
+    store.flush()
+    assert store.count == 6 and store.stats.events_written == 6
+    got = [(e[0], e[1], e[3]) for e, _ in store.ordered(
+        by_source=False, descending=False, groups=None, t_from=None, t_to=None, s_from=None,
+        s_to=None, after=None)]
+    assert sorted(got) == sorted((r.session, r.instance, r.frame) for r in sent)
+    store.close()
