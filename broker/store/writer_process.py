@@ -182,6 +182,8 @@ class ProcessStore(Store):
             self._wake.set()
             self._thread.join()
             self._thread = None
+        if self._proc is None:
+            self._last_spawn = -RESPAWN_INTERVAL  # a last child for the final commit
         self.flush()
         if self._proc is not None:
             with contextlib.suppress(OSError):
