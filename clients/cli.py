@@ -3,6 +3,8 @@
     skan sub chat                      # print every message on group "chat"
     skan pub chat "hello"              # send a DATA message
     skan pub chat '{"n": 1}' --json    # send a JSON value as a Skan HASH
+    skan pub plant --instance pump1 --event-json '{"on": true, "value": 1234}'
+                                       # a Hat JSON payload, typed for Eventer/Mariner
     skan reply svc --text pong         # answer every request sent to group "svc"
     skan request svc '{"q": 1}' --json # send and wait for the reply
     skan stats
@@ -32,10 +34,14 @@ from clients.skan import (
     SkanClient,
     SkanClientError,
     SkanClosed,
+    event_json_send,
     strkeys,
 )
 from toolkit import cliutil
 from toolkit.streams import CONNECT_TIMEOUT
+from wire.errors import ProtocolError
+from wire.skan.eventjson import loads_exact
+from wire.skan.jsonvalue import JsonValueError
 
 PROG = "skan"
 # Seconds `skan request` waits for its reply unless told otherwise.
@@ -43,6 +49,9 @@ REQUEST_TIMEOUT = 5.0
 
 NUMBERS_NOTE = ('Skan has no number type: numbers travel as decimal strings '
                 '(1 is sent and shown as "1").')
+EVENT_JSON_NOTE = ('With --event-json the exact JSON also travels in the routing tag '
+                   'payload-json, so Hat (Eventer, Mariner) consumers get its numbers and '
+                   'booleans with their types.')
 
 
 def _show(value: Any) -> str:
@@ -55,14 +64,23 @@ def _show(value: Any) -> str:
 
 
 def format_message(m: Message, as_json: bool = False) -> str:
-    """One line per message: text payloads as text, HASH/LIST as JSON, binary as 0x-hex."""
+    """One line per message: text payloads as text, HASH/LIST as JSON, binary as 0x-hex;
+    a ``payload-json`` tag (the exact Hat JSON payload) follows as ``payload-json=TEXT``
+    (with --json: ``"payload_json": VALUE``)."""
+    exact = m.event_json_text
     if as_json:
-        return json.dumps({
+        fields = {
             "group": m.group, "instance": m.instance, "from": m.sender, "to": m.to,
             "seq": m.seq, "repl": m.repl, "msg": strkeys(m.msg),
-        }, ensure_ascii=False, default=lambda b: "0x" + b.hex())
+        }
+        if exact is not None:
+            value = m.event_json
+            fields["payload_json"] = exact if value is None and exact != "null" else value
+        return json.dumps(fields, ensure_ascii=False, default=lambda b: "0x" + b.hex())
     repl = f" repl={m.repl}" if m.repl else ""
-    return f"[{m.group}/{m.instance}] {m.sender} -> {m.to} seq={m.seq}{repl}: {_show(m.msg)}"
+    tail = "" if exact is None else f" payload-json={exact}"
+    return (f"[{m.group}/{m.instance}] {m.sender} -> {m.to} seq={m.seq}{repl}: "
+            f"{_show(m.msg)}{tail}")
 
 
 def build_parser() -> cliutil.Parser:
@@ -80,13 +98,20 @@ def build_parser() -> cliutil.Parser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pub = sub.add_parser("pub", help="send a message to a group",
-                         description="Send a message to a group. " + NUMBERS_NOTE)
+                         description="Send a message to a group. " + NUMBERS_NOTE + " "
+                                     + EVENT_JSON_NOTE)
     pub.add_argument("group", help="group to send to")
-    pub.add_argument("message", nargs="?", help="DATA text (JSON with --json); none sends NULL")
+    pub.add_argument("message", nargs="?",
+                     help="DATA text (JSON with --json or --event-json); none sends NULL")
     pub.add_argument("--instance", default="*", help="instance within the group")
     pub.add_argument("--to", default="*", help="an lname for a directed message, * for all")
-    pub.add_argument("--json", action="store_true",
-                     help="the message is JSON, sent as HASH/LIST/DATA")
+    kind = pub.add_mutually_exclusive_group()
+    kind.add_argument("--json", action="store_true",
+                      help="the message is JSON, sent as HASH/LIST/DATA")
+    kind.add_argument("--event-json", action="store_true",
+                      help="the message is a Hat JSON payload: sent as with --json, plus the "
+                           "exact JSON in the routing tag payload-json (Hat consumers get "
+                           "its types)")
     pub.add_argument("--count", type=cliutil.positive_int, default=1,
                      help="send it this many times")
     pub.add_argument("--acked", action="store_true",
@@ -235,6 +260,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if getattr(args, "acked", False) and args.protocol != "hsp":
         p.error("--acked needs --protocol hsp")
     # Check the payload now: a bad --json is a usage error, whether or not a broker runs.
+    args.tags = None
+    if getattr(args, "event_json", False):
+        if args.message is None:
+            p.error("--event-json needs the JSON text (the message argument)")
+        try:
+            # Parsed within the broker's limits, so what it would refuse is refused here.
+            args.message, args.tags = event_json_send(loads_exact(args.message.encode()))
+        except (ProtocolError, JsonValueError) as exc:
+            p.error(f"argument message: {exc}")
     text_field = "text" if args.command == "reply" else "message"
     if getattr(args, "json", False) and args.command in ("pub", "request", "reply"):
         raw = getattr(args, text_field)
@@ -263,7 +297,8 @@ def _ended(client: SkanClient) -> int:
 
 async def _pub(client: SkanClient, args: argparse.Namespace) -> int:
     for _ in range(args.count):
-        await client.send(args.group, args.message, instance=args.instance, to=args.to)
+        await client.send(args.group, args.message, instance=args.instance, to=args.to,
+                          tags=args.tags)
     await client.barrier()
     for err in client.errors:
         print(f"{PROG}: broker refused: {err.reason}", file=sys.stderr)

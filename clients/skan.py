@@ -3,8 +3,10 @@
     async with SkanClient.connect("127.0.0.1", 9912) as client:
         await client.subscribe("chat")
         await client.send("chat", {"text": "hello"})
+        # a Hat JSON payload with its types, for Eventer/Mariner consumers:
+        await client.send_event_json("plant", {"value": 1234, "on": True}, instance="pump1")
         async for message in client:
-            print(message.sender, message.msg)
+            print(message.sender, message.msg, message.event_json)
 
 The client sends getlname on connect, keeps a background reader that sorts
 incoming frames into replies to pending requests (matched by ``seq``),
@@ -16,7 +18,7 @@ from __future__ import annotations
 import itertools
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,8 +32,9 @@ from toolkit.streams import (
     open_stream,
     tidy_reason,
 )
-from wire.errors import RemoteProtocolError
+from wire.errors import ProtocolError, RemoteProtocolError
 from wire.skan import FrameSplitter, decode, encode_frame
+from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact, skan_view
 
 DEFAULT_PORT = 9912
 CLOSED = "the server closed the connection"
@@ -98,6 +101,25 @@ class Message:
         """
         return strkeys(self.msg)
 
+    @property
+    def event_json_text(self) -> str | None:
+        """The ``payload-json`` tag's text (the exact Hat JSON payload), or None."""
+        raw = self.header.get(PAYLOAD_JSON_TAG)
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else None
+
+    @property
+    def event_json(self) -> Any:
+        """The exact Hat JSON payload of the ``payload-json`` tag, parsed (with its
+        numbers, booleans and nulls); None without the tag (or if it is not JSON:
+        the broker refuses such sends, so only a foreign peer could send one)."""
+        raw = self.header.get(PAYLOAD_JSON_TAG)
+        if not isinstance(raw, bytes):
+            return None
+        try:
+            return loads_exact(raw)
+        except ProtocolError:
+            return None
+
     @classmethod
     def from_header(cls, header: dict[bytes, Any]) -> Message:
         repl = header.get(b"repl", header.get(b"reply"))
@@ -111,6 +133,19 @@ class Message:
             repl=_text(repl),
             header=header,
         )
+
+
+def event_json_send(value: Any) -> tuple[Any, dict[str, bytes]]:
+    """(``msg``, extra tags) of a send carrying the JSON value ``value`` exactly.
+
+    ``msg`` is the Skan view (what Skan subscribers read: numbers and
+    booleans as decimal DATA); the ``payload-json`` tag holds the JSON text
+    when that view alone would lose a type, so Hat consumers (Eventer,
+    Mariner) get ``value`` itself.  Raises
+    :class:`wire.skan.jsonvalue.JsonValueError` for what is not JSON.
+    """
+    msg, exact = skan_view(value, "message")
+    return msg, ({} if exact is None else {PAYLOAD_JSON_TAG.decode(): exact})
 
 
 def strkeys(value: Any) -> Any:
@@ -271,7 +306,9 @@ class SkanClient(ReceiveIterator):
         return str(next(self._seq))
 
     async def send(self, group: str, msg: Any = None, *, instance: str = "*", to: str = "*",
-                   seq: str | None = None, repl: str | None = None) -> str:
+                   seq: str | None = None, repl: str | None = None,
+                   tags: Mapping[str, Any] | None = None) -> str:
+        """Send ``msg``; ``tags`` are extra routing tags (``payload-json``, ...)."""
         seq = seq or self.next_seq()
         message: dict[str, Any] = {
             "type": "send", "from": self.lname, "to": to, "group": group,
@@ -279,9 +316,17 @@ class SkanClient(ReceiveIterator):
         }
         if repl is not None:
             message["repl"] = repl
+        if tags:
+            message.update(tags)
         message["msg"] = msg
         await self.send_raw(message)
         return seq
+
+    async def send_event_json(self, group: str, value: Any, *, instance: str = "*",
+                              to: str = "*", seq: str | None = None) -> str:
+        """Send a Hat JSON payload with its types (see :func:`event_json_send`)."""
+        msg, tags = event_json_send(value)
+        return await self.send(group, msg, instance=instance, to=to, seq=seq, tags=tags)
 
     async def request(self, group: str, msg: Any = None, *, to: str = "*", instance: str = "*",
                       timeout: float = 5.0) -> Message:
@@ -392,6 +437,7 @@ __all__ = [
     "SkanClient",
     "SkanClientError",
     "SkanClosed",
+    "event_json_send",
     "ssl_client_context",
     "strkeys",
 ]

@@ -24,6 +24,15 @@ CACHE = pathlib.Path(
 HSP_PEER = ("hsp==0.1.0", "trio")
 EVENTER09_PEER = ("hat-event==0.9.44",)
 HAT08_PEER = ("hat-chatter==0.5.11", "hat-event==0.8.17")
+# hat-event-server 0.9.44 (``python -m hat.event.server``, LMDB backend) ships in
+# the hat-event package itself: the same venv as the 0.9.44 Eventer clients, so
+# the differential test against it builds nothing more.
+HAT_SERVER_PEER = EVENTER09_PEER
+# A real Hat system: hat-gateway (its Modbus master device), hat-monitor for
+# the gateway's monitor mode, hat-event 0.9.44 clients and hat-drivers (the
+# simulated Modbus slave), pinned to the versions resolved together.
+HAT_GATEWAY_PEER = ("hat-gateway==0.6.48", "hat-event==0.9.44", "hat-monitor==0.8.23",
+                    "hat-drivers==0.10.10")
 
 
 def peer_python(requirements: tuple[str, ...], python: str = sys.executable) -> pathlib.Path:

@@ -82,12 +82,17 @@ class _DefaultsFormatter(_DefaultsHelp, argparse.RawDescriptionHelpFormatter):
 class Parser(argparse.ArgumentParser):
     """ArgumentParser whose errors are one line and whose help shows every default.
 
-    ``--version`` is added to every top-level parser.
+    ``--version`` is added to every top-level parser.  Options and positionals
+    may be mixed in any order (``skan pub GROUP --instance I MESSAGE``):
+    every parser without subcommands parses "intermixed", and a
+    subcommand also accepts the top-level options (``skan stats --port P``;
+    see :meth:`share_options`).
     """
 
     def __init__(self, *args: Any, version_flag: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self._intermixing = False
         if version_flag:
             self.add_argument("--version", action="version",
                               version=f"%(prog)s {version()}",
@@ -97,8 +102,51 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("parser_class", _SubParser)
         return super().add_subparsers(**kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # argparse's default fills the positionals it can at the first option
+        # (``pub GROUP --instance I MESSAGE`` leaves MESSAGE "unrecognized");
+        # intermixed parsing takes options first, then every positional.  It
+        # cannot apply to a parser with subcommands, whose own positionals
+        # (the command) come before the subparser's arguments.
+        if self._intermixing or self._subparsers is not None:
+            self.share_options()
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+    def share_options(self) -> None:
+        """Give every subcommand the top-level options it does not define itself,
+        with no default of their own (a value given before the command stays),
+        so ``skan stats --port P`` means ``skan --port P stats``."""
+        if self._subparsers is None:
+            return
+        shared = [a for a in self._actions if a.option_strings
+                  and not isinstance(a, argparse._HelpAction | argparse._VersionAction)]
+        for action in self._subparsers._group_actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            for sub in action.choices.values():
+                if getattr(sub, "_options_shared", False):
+                    continue
+                sub._options_shared = True
+                for option in shared:
+                    if not any(s in sub._option_string_actions for s in option.option_strings):
+                        sub._add_action(_copy_action(option))
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _copy_action(action: argparse.Action) -> argparse.Action:
+    """``action`` for a subcommand's parser: same option, no default (SUPPRESS)."""
+    copy = argparse.Action.__new__(type(action))
+    copy.__dict__.update(action.__dict__)
+    copy.default = argparse.SUPPRESS
+    copy.required = False
+    return copy
 
 
 class _SubParser(Parser):

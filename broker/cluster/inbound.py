@@ -9,7 +9,10 @@ passes over its frames and one recipient lookup, instead of one
 Every frame is still decoded and checked (NATS input is untrusted, and the
 subject was only a pre-filter): a run whose frames are not all well-formed
 sends from one lname with one routing key is left to the caller's
-frame-by-frame path, untouched.
+frame-by-frame path, untouched.  So is a run of sends carrying the
+``payload-json`` tag (exact Hat payloads): the decoder gives them no key
+(the Skan session checks the tag off its hot path), and the frame-by-frame
+path routes them with the same frames and EventIds.
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ VIA_TOKEN = "token"
 VIA_CERTIFICATE = "certificate"
 VIA_LISTENER_TOKEN = "listener-token"
 VIA_ANONYMOUS = "anonymous"
+# No credential, admitted by its listener's own ``anonymous_user``.
+VIA_LISTENER_ANONYMOUS = "listener-anonymous"
 VIA_BRIDGE = "bridge"
 
 
@@ -213,12 +215,14 @@ class User:
 class Principal:
     """Who a connection is: a user name (None: anonymous), its permissions
     (None: full rights), how it authenticated and the credential's digest
-    (so a reload can tell whether that credential still authenticates)."""
+    (so a reload can tell whether that credential still authenticates);
+    ``listener``: the protocol whose ``anonymous_user`` admitted it."""
 
     name: str | None
     perms: Permissions | None
     via: str
     digest: bytes | None = None
+    listener: str | None = None
 
 
 @attrs.frozen
@@ -240,6 +244,7 @@ class Authenticator:
         allow_anonymous: bool = True,
         anonymous_user: str | None = None,
         listener_tokens: Mapping[str, str | None] | None = None,
+        listener_anonymous: Mapping[str, str | None] | None = None,
     ) -> None:
         self.users: dict[str, User] = {}
         self._by_digest: dict[bytes, User] = {}
@@ -257,6 +262,17 @@ class Authenticator:
             proto: token_digest(tok) for proto, tok in (listener_tokens or {}).items()
             if tok is not None
         }
+        # Per listener (protocol -> user name): connections of that protocol
+        # that present no credential get this user's permissions, whether or
+        # not anonymous clients are allowed elsewhere.  For Hat components
+        # (hat-gateway, hat-gui), which have no client-token setting.
+        self.listener_anonymous = {
+            proto: name for proto, name in (listener_anonymous or {}).items()
+            if name is not None
+        }
+        for proto, name in self.listener_anonymous.items():
+            if name not in self.users:
+                raise ValueError(f"{proto}.anonymous_user {name!r} is not a configured user")
         # user name -> live connections (kept across reloads by the router).
         self.connections: dict[str, int] = {}
 
@@ -266,7 +282,12 @@ class Authenticator:
 
     # ---- authentication ---------------------------------------------------
 
-    def _anonymous(self) -> Principal | Refusal:
+    def _anonymous(self, protocol: str | None = None) -> Principal | Refusal:
+        listener_user = self.listener_anonymous.get(protocol or "")
+        if listener_user is not None:
+            user = self.users[listener_user]
+            return Principal(user.name, user.permissions, VIA_LISTENER_ANONYMOUS,
+                             listener=protocol)
         if not self.allow_anonymous:
             return _not_authorised(
                 "anonymous clients are not allowed here; present a token or a client certificate"
@@ -283,7 +304,8 @@ class Authenticator:
         name ``cert_name`` (None: no certificate) on ``protocol``.
 
         A token, when presented, decides; otherwise a certificate whose name
-        is a user's; otherwise the connection is anonymous.
+        is a user's; otherwise the connection is anonymous: its listener's
+        ``anonymous_user`` if it has one, else the ``[auth]`` rules.
         """
         if not self.users:
             shared = self.listener_tokens.get(protocol)
@@ -306,7 +328,7 @@ class Authenticator:
             user = self.users.get(cert_name)
             if user is not None:
                 return Principal(user.name, user.permissions, VIA_CERTIFICATE)
-        return self._anonymous()
+        return self._anonymous(protocol)
 
     def bridge_principal(self, user_name: str | None) -> Principal:
         """Bridges act as their configured ``user`` (None: full rights)."""
@@ -334,6 +356,15 @@ class Authenticator:
         if principal.via == VIA_ANONYMOUS:
             result = self._anonymous()
             return result if isinstance(result, Principal) else None
+        if principal.via == VIA_LISTENER_ANONYMOUS:
+            # Still admitted by its listener, as the same user (connections
+            # are counted per user name): else closed, and a reconnect is
+            # judged by the new rules.
+            result = self._anonymous(principal.listener)
+            if (isinstance(result, Principal) and result.via == VIA_LISTENER_ANONYMOUS
+                    and result.name == principal.name):
+                return result
+            return None
         user = self.users.get(principal.name or "")
         if user is None:
             return None

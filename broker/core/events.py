@@ -9,8 +9,15 @@ BROKER-SPEC section 3:
 - EventId = (server_id, session, instance) and one timestamp per routed
   message, assigned by the router, identical on every protocol.
 - An event's source timestamp travels in the routing tag ``source-timestamp``
-  as decimal seconds with six decimals ("1700000000.250000"); a message
-  without it (or with a value that is not such a number) has none.
+  as decimal seconds with six decimals ("1700000000.250000"), read back
+  exactly (to the microsecond, not through a float); a message without it
+  (or with a value that is not such a number) has none.
+- Payload fidelity: a JSON payload whose Skan view is lossy (numbers,
+  booleans, a JSON ``null`` payload, keys that cannot be tags) also travels
+  exactly in the routing tag ``payload-json`` (:mod:`wire.skan.eventjson`);
+  Hat consumers take the payload from that tag when present (a tag that is
+  not valid JSON within the limits is ignored: the Skan view is used), Skan
+  subscribers read ``msg``.
 
 The event model itself (Event, EventId, Timestamp, payloads) is the one in
 :mod:`wire.hat`, which the Eventer and Mariner codecs encode; this module
@@ -21,14 +28,17 @@ encoding.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from broker.core.inject import Injected, build_send
 from broker.core.router import Routed
 from broker.core.router import event_type as router_event_type
 from wire import hat
+from wire.errors import ProtocolError
 from wire.hat import BinaryPayload, EventType, JsonPayload, Payload
 from wire.skan import Nested, item_bytes
+from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact, skan_view
 from wire.skan.jsonvalue import JsonValueError
 from wire.skan.jsonvalue import json_to_skan as _json_to_skan
 
@@ -96,8 +106,14 @@ def _skan_to_json(value: Any) -> Any:
 
 
 def payload_from_routed(routed: Routed) -> Payload:
-    """The event payload of a routed message's ``msg``."""
+    """The event payload of a routed message: its ``payload-json`` tag, else its ``msg``."""
     header = routed.header
+    exact = header.get(PAYLOAD_JSON_TAG)
+    if type(exact) is bytes:
+        try:
+            return JsonPayload(loads_exact(exact))
+        except ProtocolError:
+            pass  # validated where it entered; if not (a foreign cluster peer), the Skan view
     msg = header.get(b"msg")
     ptype = header.get(PAYLOAD_TYPE_TAG)
     if isinstance(msg, bytes):
@@ -153,6 +169,29 @@ def format_timestamp(t: hat.Timestamp | float) -> bytes:
     return f"{sign}{s}.{frac:06d}".encode()
 
 
+# The form format_timestamp writes: optional sign, whole seconds, six decimals.
+_EXACT_TIMESTAMP = re.compile(rb"(-?)([0-9]{1,18})\.([0-9]{6})")
+
+
+def source_timestamp_exact(header: dict[bytes, Any]) -> hat.Timestamp | None:
+    """The ``source-timestamp`` tag as a Hat timestamp, to the microsecond.
+
+    The tag's own form (``format_timestamp``) is read without a float in
+    between, so what a Hat client registered comes back exactly; any other
+    decimal number is read as float seconds (rounded to the microsecond).
+    """
+    raw = header.get(SOURCE_TIMESTAMP_TAG)
+    if type(raw) is not bytes:
+        return None
+    m = _EXACT_TIMESTAMP.fullmatch(raw)
+    if m is None:
+        value = source_timestamp(header)
+        return None if value is None else hat.Timestamp.from_float(value)
+    us = int(m[2]) * 1_000_000 + int(m[3])
+    s, us = divmod(-us if m[1] else us, 1_000_000)
+    return hat.Timestamp(s, us)
+
+
 def source_timestamp(header: dict[bytes, Any]) -> float | None:
     """The ``source-timestamp`` tag of a routing header as float seconds, or None."""
     raw = header.get(SOURCE_TIMESTAMP_TAG)
@@ -167,13 +206,12 @@ def source_timestamp(header: dict[bytes, Any]) -> float | None:
 
 def event_from_routed(routed: Routed, server_id: int) -> hat.Event:
     header = routed.header
-    source = source_timestamp(header)
     return hat.Event(
         # A message from the cluster backplane keeps its origin's EventId.
         id=hat.EventId(routed.server or server_id, routed.session, routed.instance),
         type=event_type(header[b"group"], header[b"instance"]),
         timestamp=hat.Timestamp.from_float(routed.timestamp),
-        source_timestamp=None if source is None else hat.Timestamp.from_float(source),
+        source_timestamp=source_timestamp_exact(header),
         payload=payload_from_routed(routed),
     )
 
@@ -202,7 +240,13 @@ def send_for_event(
         tags[PAYLOAD_TYPE_TAG] = payload.type.encode("utf-8")
         msg: Any = payload.data
     elif isinstance(payload, JsonPayload):
-        msg = json_to_skan(payload.data)
+        # The Skan view in msg, and the exact JSON beside it when the view is lossy.
+        try:
+            msg, exact = skan_view(payload.data)
+        except JsonValueError as exc:
+            raise MappingError(str(exc)) from None
+        if exact is not None:
+            tags[PAYLOAD_JSON_TAG] = exact
     else:
         msg = None
     if source_timestamp is not None:

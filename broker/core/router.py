@@ -981,6 +981,37 @@ class Router:
         self._routed_remote += n
         return routed
 
+    def new_session(self) -> None:
+        """End the open session, if any, so the next route opens a new one.
+
+        hat-event-server makes each registration request one session (one
+        EventId session, one notification); the Eventer
+        listener calls this around each MsgRegisterReq (BROKER-SPEC 11).
+        """
+        if self._in_batch:
+            self.end_batch()
+
+    def deliver_own(self, sender: Endpoint, routed: list[Routed]) -> None:
+        """Deliver ``routed`` to their own ``sender`` where its subscriptions take them.
+
+        Skan never gives a sender its own message; a Hat client subscribed to
+        the types it registers is notified of them by hat-event-server, so
+        the Eventer listener asks for them here (BROKER-SPEC 11).
+        """
+        got = False
+        c = self.counters
+        for r in routed:
+            if sender in r.recipients and not sender.closed:
+                sender.deliver(r.frame, r)
+                if not r.delivered:
+                    c.undeliverable -= 1  # route() counted it so
+                r.delivered += 1
+                c.msgs_out += 1
+                c.bytes_out += len(r.frame)
+                got = True
+        if got and sender.batched:
+            self._dirty.append(sender)
+
     def hand_over(self) -> None:
         """Give the observers what the current batch has routed so far.
 

@@ -19,7 +19,9 @@ import attrs
 
 from broker.core.reasons import ErrorKind
 from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
+from wire.errors import ProtocolError
 from wire.skan import Nested, codec, decode_header, encode_frame
+from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact
 
 # Bounded work per scheduling slice.  A listener handles received messages
 # (frames, HSP commands) for at most SLICE_SECONDS of wall time, or about
@@ -125,11 +127,40 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
     return value
 
 
+def check_payload_json(header: dict[bytes, Any]) -> str | None:
+    """Why a send's ``payload-json`` tag (the exact Hat JSON payload, see
+    :mod:`wire.skan.eventjson`) is refused, or None when it is sound.
+
+    It must be DATA holding UTF-8 JSON within the decoder limits, and a send
+    is a JSON or a binary payload, not both (``payload-type``).  Called only
+    for sends that carry the tag (the send decoder gives them no routing key).
+    """
+    raw = header[PAYLOAD_JSON_TAG]
+    if type(raw) is not bytes:
+        return "the tag 'payload-json' must be DATA holding JSON text"
+    if b"payload-type" in header:
+        return ("the tags 'payload-json' (a JSON payload) and 'payload-type' (a binary "
+                "payload) exclude each other")
+    try:
+        loads_exact(raw)
+    except ProtocolError as exc:
+        return f"the tag 'payload-json' is not a JSON payload: {exc}"
+    return None
+
+
 def send_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
     """The routing key ``(group, instance, to, is_reply)`` of a well-formed send from
-    ``lname``; None for any other message (which :meth:`SkanHandler.handle` then
-    examines field by field).  The one statement of what a routable send is:
+    ``lname`` without a ``payload-json`` tag; None for any other message (which
+    :meth:`SkanHandler.handle` then examines field by field: a send with the
+    tag is checked there, so sends without it pay nothing for the check).
     ``_speedups.decode_send`` compiles exactly this rule (differential tests)."""
+    if PAYLOAD_JSON_TAG in header:
+        return None
+    return route_key(header, lname)
+
+
+def route_key(header: dict[bytes, Any], lname: bytes) -> RouteKey | None:
+    """The routing key of a well-formed send from ``lname``, whatever its tags."""
     if header.get(b"type") != b"send":
         return None
     group = header.get(b"group")
@@ -180,7 +211,7 @@ class SkanHandler:
         """Apply one framed Skan message (4-byte prefix included)."""
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
-            # Hot path: a well-formed send from this connection.
+            # Hot path: a well-formed send from this connection (no payload-json).
             try:
                 self.router.route(self.endpoint, frame, header, key=key)
             except NotPermitted as exc:
@@ -188,6 +219,8 @@ class SkanHandler:
             return None
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:
+            if PAYLOAD_JSON_TAG in header:
+                return self._tagged_send(frame, header)
             return self._bad_send(header)
         seq = header.get(b"seq")
         seq = seq if type(seq) is bytes else None
@@ -229,6 +262,20 @@ class SkanHandler:
         if isinstance(mtype, Nested):
             return Rejected("the field 'type' must be DATA", seq)
         return Rejected(f"unknown message type {mtype.decode(errors='replace')!r}", seq)
+
+    def _tagged_send(self, frame: bytes, header: dict[bytes, Any]) -> Rejected | None:
+        """A send carrying the ``payload-json`` tag: routed once the tag is sound."""
+        key = route_key(header, self.endpoint.lname)
+        if key is None:
+            return self._bad_send(header)
+        refused = check_payload_json(header)
+        if refused is not None:
+            return Rejected(refused, header[b"seq"])
+        try:
+            self.router.route(self.endpoint, frame, header, key=key)
+        except NotPermitted as exc:
+            return Rejected(exc.reason, header[b"seq"], denied=True)
+        return None
 
     def _bad_send(self, header: dict[bytes, Any]) -> Rejected:
         seq = header.get(b"seq")

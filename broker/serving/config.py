@@ -163,6 +163,10 @@ class ProtocolListener(_Listener):
 
     # This listener's own connection limit, within [broker] max_connections.
     max_connections: int | None = attrs.field(default=None, validator=_optional_positive)
+    # A [[users]] name: this listener's clients that present no credential
+    # get that user's permissions, even with [auth] allow_anonymous = false
+    # (section 11: Hat components have no client-token setting).
+    anonymous_user: str | None = None
 
 
 @attrs.frozen
@@ -640,6 +644,11 @@ def _validate_users(config: Config) -> None:
     anon = config.auth.anonymous_user
     if anon is not None and anon not in names:
         raise ConfigError("auth.anonymous_user", f"{anon!r} is not the name of a [[users]] entry")
+    for listener in AUTH_LISTENERS:
+        anon = getattr(config, listener).anonymous_user
+        if anon is not None and anon not in names:
+            raise ConfigError(f"{listener}.anonymous_user",
+                              f"{anon!r} is not the name of a [[users]] entry")
     for i, bridge in enumerate(config.bridges):
         if bridge.user is not None and bridge.user not in names:
             raise ConfigError(f"bridges[{i}].user",
@@ -694,6 +703,8 @@ def build_authenticator(config: Config) -> Authenticator:
         allow_anonymous=anonymous_allowed(config),
         anonymous_user=config.auth.anonymous_user,
         listener_tokens={"eventer": config.eventer.token, "mariner": config.mariner.token},
+        listener_anonymous={name: getattr(config, name).anonymous_user
+                            for name in AUTH_LISTENERS},
     )
 
 

@@ -527,8 +527,11 @@ class StoreWriter:
         """Commit what is queued now, in the calling (trio) thread; then deliver reports."""
         if self._router is not None:
             self._router.hand_over()  # what the open batch routed so far counts too
-        if self._ops:
-            with self._lock:
+        # Always through the lock: the writer thread may have taken the queued
+        # operations already and be committing them; a read that did not wait
+        # for that commit would miss messages routed (and notified) before it.
+        with self._lock:
+            if self._ops:
                 self._commit_queued()
         if self._reports:
             self.deliver_reports()

@@ -48,7 +48,8 @@ async def test_subscribe_register_query(tbroker, envelope):
         ])
         assert evs is not None and [e.type for e in evs] == [("cl", "a"), ("cl",)]
         assert evs[0].source_timestamp == Timestamp(10, 5)
-        assert evs[0].payload == JsonPayload({"x": ["1", "y"]})
+        assert evs[0].payload == JsonPayload({"x": [1, "y"]})  # exactly as registered
+        assert type(evs[0].payload.data["x"][0]) is int
         batch = await sub.receive()
         assert batch == evs
         await skan.send("cl", "from skan", instance="b/c")
@@ -118,7 +119,7 @@ async def test_command_line_register_query_subscribe(tbroker):
             cli, tbroker, "register", "cli/x", "--json", '{"v": 1}', "--source-timestamp", "5")
         assert res.returncode == 0, res.stderr
         created = json.loads(res.stdout)
-        assert created["type"] == ["cli", "x"] and created["payload"] == {"json": {"v": "1"}}
+        assert created["type"] == ["cli", "x"] and created["payload"] == {"json": {"v": 1}}
         assert created["source_timestamp"] == 5.0
         res = await trio.to_thread.run_sync(cli, tbroker, "register", "cli", "--binary",
                                             "raw:00ff")

@@ -15,6 +15,13 @@ from tests.cluster.test_interest_nats import wait_known
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER, HAT08_PEER
 from tests.peerproc import PeerProcess as LinePeer
+from tests.protocols.eventer.test_fidelity import (
+    GROUP,
+    PAYLOADS,
+    check_exact,
+    check_mariner,
+    registrations,
+)
 from toolkit.mariner_client import MarinerClient
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
@@ -62,16 +69,17 @@ async def test_queries_and_events_see_the_whole_cluster(two_brokers):
         ids_a = [e["id"] for e in reg_a]
         ids_b = [e["id"] for e in reg_b]
         assert {i[0] for i in ids_a} == {1} and {i[0] for i in ids_b} == {2}
-        # The subscriber on b sees a's events with a's EventIds and timestamps
-        # (not its own: never to the sender).
-        got = (await on_b.call("events", count=2))["events"]
+        # The subscriber on b sees a's events with a's EventIds and timestamps,
+        # and its own q/a (a Hat client subscribed to what it registers is
+        # notified of it, as by hat-event-server).
+        got = (await on_b.call("events", count=3))["events"]
         assert {tuple(e["id"]): e["timestamp"] for e in got} == {
-            tuple(e["id"]): e["timestamp"] for e in reg_a}
+            tuple(e["id"]): e["timestamp"] for e in [*reg_a, reg_b[0]]}
 
         ordered = [ids_a[0], ids_a[1], ids_b[0], ids_b[1]]  # registration (= time) order
         for peer in (on_a, on_b):  # either broker answers for the whole cluster
             latest = await peer.call("query", kind="latest", event_types=[["q", "*"]])
-            assert sorted(e["payload"]["json"] for e in latest["events"]) == ["2", "3"]
+            assert sorted(e["payload"]["json"] for e in latest["events"]) == [2, 3]
             everything = await peer.call("query", kind="latest")
             assert len(everything["events"]) == 3
 
@@ -142,3 +150,30 @@ async def test_mariner_replay_gathers_every_broker(two_brokers):
     assert [tuple(e["id"]) for e in replayed] == [
         (e.id.server, e.id.session, e.id.instance) for e in seen[3:]]
     assert live["payload"]["data"] == "live" and live["id"][0] == 1
+
+
+async def test_hat_payloads_cross_the_cluster_exactly(two_brokers):
+    """A Hat client on broker b gets broker a's registered payloads exactly: in its
+    notifications, in queries answered for the whole cluster, and over Mariner."""
+    a, b = two_brokers
+    n = len(PAYLOADS)
+    on_a = await hat_client(a)
+    on_b = await hat_client(b, subscriptions=[[GROUP, "*"]])
+    async with on_a, on_b:
+        await cluster_ready(a, b)
+        mariner_b = await LinePeer.start(
+            HAT08_PEER, "hat08_mariner_client.py", str(b.addr["mariner"][1]),
+            "--subscriptions", json.dumps([[GROUP, "*"]]))
+        async with mariner_b:
+            assert await mariner_b.line_with("connected", timeout=60)
+            await trio.sleep(0.3)  # b's Mariner interest reaches a
+            registered = (await on_a.call("register", events=registrations()))["events"]
+            assert {e["id"][0] for e in registered} == {1}
+            check_exact((await on_b.call("events", count=n))["events"], "notify on b")
+            check_mariner([await mariner_b.line_with("event", timeout=15) for _ in range(n)],
+                          "Mariner on b")
+        latest = await on_b.call("query", kind="latest", event_types=[[GROUP, "*"]])
+        check_exact(latest["events"], "latest on b")
+        series = await on_b.call("query", kind="timeseries", event_types=[[GROUP, "*"]],
+                                 max_results=n + 5)
+        check_exact(series["events"], "timeseries on b")

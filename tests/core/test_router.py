@@ -317,3 +317,31 @@ def test_pattern_subscriptions(router):
     router.unsubscribe_pattern(ev, (b"g", b"*"))
     send(router, s, instance="a/b")
     assert len(ev.got) == 2 and router.subscription_count == 2
+
+
+def test_new_session_and_deliver_own_as_hat_event_server(router):
+    """Section 11: an Eventer register request is a session of its own, and a
+    sender whose Hat subscriptions take what it registered gets it too (a Skan
+    send never reaches its sender: route() alone still skips it)."""
+    hat = Sink("eventer", batched=True)
+    other = Sink("eventer", batched=True)
+    router.attach(hat)
+    router.attach(other)
+    router.subscribe_pattern(hat, (b"g", b"*"))
+    router.subscribe_pattern(other, (b"g", b"*"))
+    router.new_session()  # nothing open: nothing to end
+    first = send(router, hat, instance="a")
+    assert hat.got == [] and len(other.got) == 1 and first.delivered == 1
+    router.deliver_own(hat, [first])
+    assert len(hat.got) == 1 and first.delivered == 2
+    assert router.counters.msgs_out == 2
+    router.new_session()  # ends the batch: flushed, the next send opens a new session
+    assert hat.flushes == 1 and other.flushes == 1
+    second = send(router, hat, instance="b")
+    assert second.session == first.session + 1 and second.instance == 1
+    # Not subscribed to what it sends: nothing of its own.
+    lone = Sink("eventer", batched=True)
+    router.attach(lone)
+    third = send(router, lone, group="h")
+    router.deliver_own(lone, [third])
+    assert lone.got == [] and third.delivered == 0 and router.counters.undeliverable == 1

@@ -9,6 +9,7 @@ payload {"json": value} | {"binary": [type, hex]} | null.
 
 import asyncio
 import json
+import ssl
 import sys
 
 from hat.drivers import net
@@ -67,13 +68,22 @@ class Driver:
         self.statuses.append(status.value)
 
     async def op_connect(self, port, name="test/client", token=None, subscriptions=(),
-                         ping_delay=30, ping_timeout=10, server_id=None, persisted=False):
+                         ping_delay=30, ping_timeout=10, server_id=None, persisted=False,
+                         tls=None):
+        # tls: {"ca": PEM file, "cert": PEM file with key, or absent} -> over TLS
+        # (asyncio's ssl argument, which hat-drivers passes through).
+        kwargs = {}
+        if tls is not None:
+            ctx = ssl.create_default_context(cafile=tls["ca"])
+            if tls.get("cert"):
+                ctx.load_cert_chain(tls["cert"])
+            kwargs["ssl"] = ctx
         try:
             self.client = await eventer.connect(
                 net.TcpAddress("127.0.0.1", port), name, client_token=token,
                 subscriptions=[tuple(s) for s in subscriptions], server_id=server_id,
                 persisted=persisted, events_cb=self.on_events, status_cb=self.on_status,
-                ping_delay=ping_delay, ping_timeout=ping_timeout)
+                ping_delay=ping_delay, ping_timeout=ping_timeout, **kwargs)
         except eventer.EventerInitError as e:
             return {"init_error": str(e)}
         except Exception as e:

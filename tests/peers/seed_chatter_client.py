@@ -41,6 +41,10 @@ async def main(port):
     conv = conn.send(chatter.Data("HatEventer", "MsgRegisterReq", [
         {"type": ["seed", "from-chatter"], "sourceTimestamp": ("none", None),
          "payload": ("value", ("json", json.dumps({"x": "y"})))}]), last=False)
+    # Subscribed to what it registers: notified of it first, as by hat-event-server.
+    own = await asyncio.wait_for(conn.receive(), 5)
+    conn.send(chatter.Data("HatEventer", "MsgEventsAck", None), conv=own.conv)
+    out(own_notify_type=own.data.type, event_type=own.data.data[0]["type"])
     res = await asyncio.wait_for(conn.receive(), 5)
     kind, evs = res.data.data
     out(register=kind, same_conv=res.conv == conv, type=res.data.type,

@@ -146,3 +146,46 @@ def test_reload_keeps_connection_counts_and_applies_new_limits():
     # A changed token revokes the connections that used the old one.
     assert router.reload_auth(Authenticator([user("op", "new")],
                                             allow_anonymous=False)) == [eps[2]]
+
+
+def test_listener_anonymous_user_admits_only_that_listeners_token_less_clients():
+    """Section 11: token-less Hat components on the Eventer listener get a
+    limited user of their own; anonymous clients elsewhere stay refused."""
+    users = [user("hat", None, publish=["gateway"], subscribe=["gateway"], max_connections=2),
+             user("op", "top", publish=["*"], subscribe=["*"])]
+    auth = Authenticator(users, allow_anonymous=False, listener_anonymous={"eventer": "hat"})
+    p = auth.authenticate("eventer", None)
+    assert isinstance(p, Principal) and p.name == "hat" and p.via == "listener-anonymous"
+    assert p.perms is not None and p.perms.may_publish(b"gateway")
+    assert not p.perms.may_publish(b"other")
+    for proto in ("skan", "hsp", "mariner"):
+        assert isinstance(auth.authenticate(proto, None), Refusal)
+    # A token still decides on that listener: a wrong one is refused, not anonymous.
+    assert auth.authenticate("eventer", "top").name == "op"
+    assert isinstance(auth.authenticate("eventer", "wrong"), Refusal)
+    # It takes precedence over [auth] anonymous_user on its listener.
+    both = Authenticator(users, allow_anonymous=True, anonymous_user="op",
+                         listener_anonymous={"eventer": "hat"})
+    assert both.authenticate("eventer", None).name == "hat"
+    assert both.authenticate("skan", None).perms is users[1].permissions
+    with pytest.raises(ValueError, match="not a configured user"):
+        Authenticator(users, listener_anonymous={"eventer": "ghost"})
+
+
+def test_listener_anonymous_connections_count_against_the_user_and_follow_reloads():
+    router = Router(hostname="t")
+    users = [user("hat", None, publish=["gateway"], subscribe=["gateway"], max_connections=2)]
+    router.auth = Authenticator(users, allow_anonymous=False,
+                                listener_anonymous={"eventer": "hat"})
+    eps = [Sink("eventer") for _ in range(3)]
+    for ep in eps:
+        router.attach(ep)
+    assert router.login(eps[0], None) is None and router.login(eps[1], None) is None
+    assert "max_connections" in (router.login(eps[2], None) or "")
+    # The same setting kept: connections stay, with the reloaded permissions.
+    wider = [user("hat", None, publish=["gateway", "gui"], subscribe=["gateway"])]
+    assert router.reload_auth(Authenticator(wider, allow_anonymous=False,
+                                            listener_anonymous={"eventer": "hat"})) == []
+    assert eps[0].perms is not None and eps[0].perms.may_publish(b"gui")
+    # The setting removed: they are closed (anonymous is not allowed).
+    assert router.reload_auth(Authenticator(wider, allow_anonymous=False)) == eps[:2]

@@ -28,6 +28,7 @@ USER = {"name": "u", "token": "t"}
     ({"users": [{"name": "u", "colour": "red"}]}, "users[0].colour", "unknown key"),
     ({"users": {"name": "u"}}, "users", "array of tables"),
     ({"auth": {"anonymous_user": "ghost"}}, "auth.anonymous_user", "not the name"),
+    ({"eventer": {"anonymous_user": "ghost"}}, "eventer.anonymous_user", "not the name"),
     ({"auth": {"allow_anonymous": "no"}}, "auth.allow_anonymous", "must be a bool"),
     ({"skan": {"tls_client_auth": "require"}}, "skan.tls_client_auth", "need tls_ca"),
     ({"skan": {"tls_client_auth": "maybe"}}, "skan.tls_client_auth", "must be one of"),
@@ -78,4 +79,9 @@ def test_example_users_load():
     })
     auth = cfgmod.build_authenticator(cfg)
     assert set(auth.users) == {"guest", "s"}
+    assert auth.listener_anonymous == {}
+    hat = cfgmod.from_mapping({"auth": {"allow_anonymous": False},
+                               "eventer": {"anonymous_user": "hat"},
+                               "users": [{"name": "hat", "publish": ["gateway"]}]})
+    assert cfgmod.build_authenticator(hat).listener_anonymous == {"eventer": "hat"}
     assert auth.users["s"].max_connections == 3

@@ -457,3 +457,39 @@ def test_bytes_bound_evicts_part_of_a_run_at_each_commit(tmp_path):
         assert [e[3] for e in kept] == [r.frame for r in routed[-n:]]
         assert store.bytes == sum(sizes[-n:]) and store.evicted == len(routed) - n
     store.close()
+
+
+def test_a_read_waits_for_the_commit_the_writer_thread_is_making(tmp_path, monkeypatch):
+    """A query right after routing must see the message even when the writer thread
+    has just taken it from the queue and is still committing it (issue 24: a latest
+    query answered empty now and then)."""
+    import threading
+    import time
+
+    from broker.store import writer as store_module
+
+    store, router, sender = setup(tmp_path)
+    route(router, sender, 1)
+    router.hand_over()
+    taken = threading.Event()
+    expand = store_module._expand
+
+    def slow_expand(ops):
+        if threading.current_thread().name == "writer":
+            taken.set()
+            time.sleep(0.3)  # the commit in progress, its operations off the queue
+        return expand(ops)
+
+    monkeypatch.setattr(store_module, "_expand", slow_expand)
+
+    def writer() -> None:
+        with store._lock:
+            store._commit_queued()
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    assert taken.wait(5)
+    assert not store._ops  # the queue is empty: only the lock tells a commit is under way
+    assert len(store.latest_entries(None)) == 1
+    thread.join()
+    store.close()

@@ -293,7 +293,25 @@ def test_decode_send_identical_on_every_field_fault():
 
 
 @needs_c
-@given(st.dictionaries(st.sampled_from(sorted(SEND)) | tags, values, max_size=10)
+def test_a_send_with_payload_json_has_no_key_in_both():
+    """The payload-json tag is checked by the session off the hot path: no routing
+    key from either decoder, whatever the tag holds; the header still has it."""
+    for tag in (b"1", b"{bad", None, {"a": "1"}, b""):
+        data = encode_frame({**SEND, "payload-json": tag})
+        for lname in (LNAME, None):
+            assert_same_send(data, lname)
+        header, key = _speedups.decode_send(data, 4, LNAME)
+        assert key is None and b"payload-json" in header
+    # neighbours of the name are ordinary tags
+    for name in ("payload-jso", "payload-json2", "payload-type"):
+        data = encode_frame({**SEND, name: b"1"})
+        assert_same_send(data, LNAME)
+        assert _speedups.decode_send(data, 4, LNAME)[1] == (b"g", b"*", b"*", False)
+
+
+@needs_c
+@given(st.dictionaries(st.sampled_from([*sorted(SEND), "payload-json"]) | tags, values,
+                       max_size=10)
        | st.builds(lambda extra: {**SEND, **extra}, messages), st.data())
 @settings(max_examples=300, deadline=None)
 def test_decode_send_identical_on_generated_and_mutated(message, data):

@@ -50,20 +50,25 @@ static Py_ssize_t disagreements = 0;
  * objects instead of a new bytes object per message (and their hash is
  * computed once). */
 static const char *const COMMON[] = {
-    "type", "group", "instance", "to", "from", "seq", "msg", "repl", "reply",
+    "type", "group", "instance", "to", "from", "seq", "msg", "repl", "reply", "payload-json",
     "lname", "subtype", "send", "*", "normal", "subscribe", "error", "stats",
 };
 #define N_COMMON (sizeof(COMMON) / sizeof(COMMON[0]))
 static PyObject *common[N_COMMON];
 static Py_ssize_t common_len[N_COMMON];
 
-/* Positions in COMMON of the fields a send's routing key is made of. */
-enum { F_TYPE, F_GROUP, F_INSTANCE, F_TO, F_FROM, F_SEQ, F_MSG, F_REPL, F_REPLY, N_FIELDS };
+/* Positions in COMMON of the fields a send's routing key is made of, and of
+ * the payload-json tag (a send carrying it is left to the session's check:
+ * no key, see session.send_key). */
+enum { F_TYPE, F_GROUP, F_INSTANCE, F_TO, F_FROM, F_SEQ, F_MSG, F_REPL, F_REPLY, F_PAYLOAD_JSON,
+       N_FIELDS };
+/* The longest name in COMMON ("payload-json"). */
+#define COMMON_MAX 12
 
 static inline int
 common_index(const unsigned char *p, Py_ssize_t n)
 {
-    if (n <= 9) {
+    if (n <= COMMON_MAX) {
         for (size_t i = 0; i < N_COMMON; i++) {
             if (common_len[i] == n && memcmp(COMMON[i], p, (size_t)n) == 0)
                 return (int)i;
@@ -399,7 +404,8 @@ send_key(PyObject **f, PyObject *lname)
             || PyBytes_GET_SIZE(from) != PyBytes_GET_SIZE(lname)
             || memcmp(PyBytes_AS_STRING(from), PyBytes_AS_STRING(lname),
                       (size_t)PyBytes_GET_SIZE(lname)) != 0
-            || f[F_MSG] == NULL || seq == NULL || !PyBytes_CheckExact(seq))
+            || f[F_MSG] == NULL || seq == NULL || !PyBytes_CheckExact(seq)
+            || f[F_PAYLOAD_JSON] != NULL)
         Py_RETURN_NONE;
     return PyTuple_Pack(4, group, instance, to,
                         (f[F_REPL] != NULL || f[F_REPLY] != NULL) ? Py_True : Py_False);

@@ -21,6 +21,10 @@ class JsonValueError(ValueError):
     """The JSON value cannot be expressed as a Skan value (the message says where)."""
 
 
+class KeyNotTag(JsonValueError):
+    """An object key cannot be a Skan tag (empty, or over MAX_TAG bytes of UTF-8)."""
+
+
 def _utf8(text: str, path: str) -> bytes:
     try:
         return text.encode("utf-8")
@@ -50,7 +54,7 @@ def json_to_skan(value: Any, path: str = "payload") -> Any:
         for k, v in value.items():
             tag = _utf8(str(k), path)
             if not 0 < len(tag) <= MAX_TAG:
-                raise JsonValueError(
+                raise KeyNotTag(
                     f"{path}: key {k!r} cannot be a Skan tag (1 to {MAX_TAG} bytes of UTF-8)"
                 )
             out[tag] = json_to_skan(v, f"{path}.{k}")

@@ -342,7 +342,14 @@ class EventerEndpoint(QueuedEndpoint):
             if req.conv is not None:
                 self.proto.register_result(req.conv, None)
             return
-        routed = [route_injected(self.router, self, m) for m in sends]
+        # BROKER-SPEC 11, as hat-event-server: one request is one session
+        # (EventId session, timestamp, notification), its own subscriber is
+        # notified too, and notifications go out before the response.
+        router = self.router
+        router.new_session()
+        routed = [route_injected(router, self, m) for m in sends]
+        router.deliver_own(self, routed)
+        router.new_session()
         if req.conv is not None:
             encode = self.service.encode
             self.proto.register_result(req.conv, [encode(r) for r in routed])

@@ -78,8 +78,9 @@ def fast_encode_routed(routed: Routed, server_id: int) -> bytes:
     header = routed.header
     msg = header[b"msg"]
     if (type(msg) is not bytes or events.PAYLOAD_TYPE_TAG in header
-            or events.SOURCE_TIMESTAMP_TAG in header):
-        if msg is not None or events.SOURCE_TIMESTAMP_TAG in header:
+            or events.SOURCE_TIMESTAMP_TAG in header or events.PAYLOAD_JSON_TAG in header):
+        if (msg is not None or events.SOURCE_TIMESTAMP_TAG in header
+                or events.PAYLOAD_JSON_TAG in header):
             return encode_routed(routed, server_id)
         payload = _NONE
     else:

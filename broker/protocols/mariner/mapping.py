@@ -13,7 +13,7 @@ from __future__ import annotations
 from broker.core import events as ev
 from broker.core.router import Routed
 from wire import mariner as mw
-from wire.hat import BinaryPayload, Payload, Timestamp, sbs_payload
+from wire.hat import BinaryPayload, Payload, sbs_payload
 from wire.hattime import split_timestamp
 
 
@@ -56,12 +56,11 @@ class EncodedEvents:
                     self._types.clear()
                 type_json = self._types[key] = mw.encode_event_type(ev.event_type(*key))
             s, us = split_timestamp(routed.timestamp)
-            source = ev.source_timestamp(header)
             self._text = mw.encode_event_fields(
                 # A message from the cluster backplane keeps its origin's EventId.
                 routed.server or self.server_id, routed.session, routed.instance, type_json,
                 s, us,
-                None if source is None else Timestamp.from_float(source),
+                ev.source_timestamp_exact(header),
                 mariner_payload(ev.payload_from_routed(routed)),
             )
             self._last = routed

@@ -55,6 +55,7 @@ async def test_bridge_both_directions_without_echo():
                 assert len(notified["notified"]) == 2
                 m1, m2 = await local.receive(), await local.receive()
                 assert (m1.group, m1.instance, m1.msg) == ("plant", "pump/1", {b"on": b"true"})
+                assert m1.event_json == {"on": True}  # the exact payload beside the view
                 assert (m2.instance, m2.msg, m2.header[b"payload-type"]) == ("*", b"\x01\x02",
                                                                             b"raw")
                 assert m1.sender == m2.sender  # the bridge endpoint's lname
