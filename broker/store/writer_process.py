@@ -45,7 +45,7 @@ import sys
 import time
 
 from broker.core.router import Routed
-from broker.store.heap import trim
+from broker.store.heap import return_large_frames, trim
 from broker.store.store import Store
 from broker.store.writer import (
     LOG_INTERVAL,
@@ -64,6 +64,13 @@ log = logging.getLogger(__name__)
 # cannot run (say its interpreter fails to start) must not be restarted in a
 # loop that takes the CPU routing needs.
 RESPAWN_INTERVAL = 5.0
+# Frame bytes of one hand-over (and so of one transaction in the child), at
+# most: a hand-over exists three times at its peak (the queued frames, their
+# pickled copy, the child's unpickled one), so a burst of large messages
+# costs the two processes together about what the thread writer costs (it
+# measured +233 MiB against +188 at the peak of 150 x 4 MiB with the thread
+# writer's max_bytes / 8 = 8 MiB; docs/store.md).
+HANDOVER_BYTES = 2 * 1024 * 1024
 # Seconds close() waits for the child's final commit and checkpoint.
 CLOSE_TIMEOUT = 60.0
 _LEN = struct.Struct("<Q")
@@ -131,6 +138,8 @@ class ProcessStore(Store):
         self._base = dict.fromkeys(_SUMMED, 0)
         self._child_last = dict.fromkeys(_SUMMED, 0)
         self.own_session = True
+        # _take's budget here (the child's transactions follow the hand-overs).
+        self.txn_bytes = min(self.txn_bytes, HANDOVER_BYTES)
 
     # ---- life cycle ----------------------------------------------------------------
 
@@ -361,6 +370,10 @@ def child_main(args: dict, req_fd: int, rep_fd: int) -> None:
     if args["nice"]:
         with contextlib.suppress(OSError):
             os.nice(args["nice"])
+    # The broker's heap hint (broker/store/heap.py) here too: the frames of a
+    # burst of large messages arrive unpickled in this process, and must go
+    # back to the system after their commit, not stay in the heap.
+    return_large_frames()
     writer = StoreWriter(args["directory"], size=args["size"], max_bytes=args["max_bytes"],
                          max_age=args["max_age"], flush_interval=args["flush_interval"],
                          spool_max_bytes=args["spool_max_bytes"], verify=False)
