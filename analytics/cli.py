@@ -16,6 +16,7 @@ See docs/analytics.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -26,8 +27,7 @@ if __package__ in (None, ""):
     # project importable from its checkout.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-from analytics.schema import LOG_GLOB
+from analytics import logfiles
 from toolkit import cliutil
 
 PROG = "skan-analytics"
@@ -35,6 +35,7 @@ PROG = "skan-analytics"
 # imports nothing of the broker, tests/architecture/test_imports.py keeps the two equal.
 DEFAULT_LOG_DIR = "var/routing-log"
 DEFAULT_OUT = "skan-report"
+LOG_FILES = " or ".join(logfiles.LOG_GLOBS)
 
 
 def _conf(values: list[str]) -> dict[str, str]:
@@ -74,7 +75,8 @@ def build_parser() -> cliutil.Parser:
     s.add_argument("--once", action="store_true",
                    help="process the files present now and exit (availableNow trigger)")
     s.add_argument("--window", default=stream.DEFAULT_WINDOW, help="window length")
-    s.add_argument("--watermark", default=stream.DEFAULT_WATERMARK, help="allowed lateness")
+    # Accepted for old command lines: the job no longer holds windows back.
+    s.add_argument("--watermark", help=argparse.SUPPRESS)
     s.add_argument("--trigger", default=stream.DEFAULT_TRIGGER,
                    help="micro-batch interval when not --once")
     s.add_argument("--max-files-per-trigger", type=cliutil.positive_int,
@@ -101,13 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- up-front checks: one line and exit 1 before Spark starts ---------------------------
 
 
-def _local(path: str) -> str | None:
-    """The local path of ``path``, or None for a remote URL (hdfs://, s3a://...)."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    if "://" in path:
-        return None
-    return path
+_local = logfiles.local_path
 
 
 def check_log_dir(path: str, *, need_files: bool) -> int:
@@ -122,13 +118,11 @@ def check_log_dir(path: str, *, need_files: bool) -> int:
         raise cliutil.UserError(f"--log-dir {path}: not a directory")
     if not os.access(local, os.R_OK | os.X_OK):
         raise cliutil.UserError(f"--log-dir {path}: not readable")
-    import fnmatch
-
-    files = [n for n in os.listdir(local) if fnmatch.fnmatch(n, LOG_GLOB)]
+    files = logfiles.scan([local], open_records=False).total
     if need_files and not files:
-        raise cliutil.UserError(f"--log-dir {path}: no routing-log files ({LOG_GLOB}) yet; "
+        raise cliutil.UserError(f"--log-dir {path}: no routing-log files ({LOG_FILES}) yet; "
                                 "files appear once the broker rotates or stops")
-    return len(files)
+    return files
 
 
 def check_output_dir(flag: str, path: str) -> None:
@@ -166,7 +160,7 @@ def check_log_dirs(paths: list[str], *, need_files: bool) -> int:
             total += max(files, 0)
     if need_files and not remote and not total:
         raise cliutil.UserError(f"--log-dir {', '.join(paths)}: no routing-log files "
-                                f"({LOG_GLOB}) yet; files appear once the broker rotates or "
+                                f"({LOG_FILES}) yet; files appear once the broker rotates or "
                                 "stops")
     return -1 if remote else total
 
@@ -179,6 +173,12 @@ def check_paths(args: argparse.Namespace) -> int:
         files = check_log_dirs(args.log_dir, need_files=False)
         check_output_dir("--checkpoint", args.checkpoint)
         check_output_dir("--output", args.output)
+        from analytics import stream
+
+        try:
+            stream.check_layout(args.checkpoint, args.output)
+        except stream.OldLayout as exc:
+            raise cliutil.UserError(str(exc)) from None
     return files
 
 
@@ -196,12 +196,15 @@ def _run_report(spark: Any, args: argparse.Namespace, files: int) -> None:
     where = f"{files} file(s) in {dirs}" if files >= 0 else dirs
     progress(f"report: reading {where}")
     started = time.monotonic()
-    result = report.run(spark, args.log_dir, args.out, top=args.top, progress=progress)
+    result = report.run(spark, args.log_dir, args.out, top=args.top, progress=progress,
+                        inventory=logfiles.scan(args.log_dir))
     t = result.totals
     progress(f"report: {t['messages']:,} messages, {t['groups']:,} groups, "
              f"{t['senders']:,} senders, {t['undeliverable']:,} undeliverable; "
              f"{len(result.charts)} charts; {time.monotonic() - started:.1f}s; "
              f"HTML: {result.html}")
+    for line in result.notes:
+        progress(f"report: note: {line}")
 
 
 def _run_stream(spark: Any, args: argparse.Namespace, files: int) -> None:
@@ -211,11 +214,15 @@ def _run_stream(spark: Any, args: argparse.Namespace, files: int) -> None:
     mode = "the files present now, then exit" if args.once else f"every {args.trigger}"
     progress(f"stream: {', '.join(args.log_dir)} ({where}) -> {args.output}, {mode}; checkpoint "
              f"{args.checkpoint}")
+    if args.watermark is not None:
+        progress("stream: --watermark is no longer used: every record is counted, none is "
+                 "held back or dropped as late (see docs/analytics.md)")
     totals = stream.add_progress_listener(spark, progress)
-    stream.run(spark, args.log_dir, args.checkpoint, args.output, window=args.window,
-                        watermark=args.watermark, once=args.once, trigger=args.trigger,
-                        max_files_per_trigger=args.max_files_per_trigger)
-    progress(f"stream: done, {totals.batches} micro-batch(es), {totals.rows:,} input row(s)")
+    stream.run(spark, args.log_dir, args.checkpoint, args.output, totals, window=args.window,
+               once=args.once, trigger=args.trigger,
+               max_files_per_trigger=args.max_files_per_trigger)
+    progress(f"stream: done, {totals.batches} micro-batch(es), {totals.rows:,} record(s) "
+             "counted")
 
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
@@ -239,6 +246,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         return None
 
     own = spark is None
+    jvm_log = None
+    ok = False
     try:
         if spark is None:
             from analytics.session import build_session
@@ -253,11 +262,19 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
             _run_stream(spark, args, files)
         else:
             _run_report(spark, args, files)
+        ok = True
     except BaseException as exc:
         return cliutil.report(PROG, exc, errors=spark_error)
     finally:
         if own and spark is not None:
             spark.stop()
+        if jvm_log:
+            # Kept when the run failed (Spark's own account of it), removed otherwise.
+            if ok:
+                with contextlib.suppress(OSError):
+                    os.unlink(jvm_log)
+            else:
+                progress(f"Spark's own log kept: {jvm_log}")
     return 0
 
 

@@ -20,6 +20,8 @@ class Report:
     log_dir: str
     totals: dict[str, Any]
     tables: dict[str, Table]
+    # What the reader must know about the figures (e.g. records left out).
+    notes: list[str] = attrs.Factory(list)
     charts: dict[str, str] = attrs.Factory(dict)  # view name -> PNG path
     html: str | None = None
 
@@ -29,6 +31,7 @@ class Report:
 
         return {
             "log_dir": self.log_dir,
+            "notes": list(self.notes),
             "totals": {k: plain(v) for k, v in self.totals.items()},
             "tables": {
                 name: {"title": t.title, "columns": t.columns,

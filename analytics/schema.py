@@ -18,6 +18,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from analytics.logfiles import GLOBS, Inventory, scan
+
 LOG_SCHEMA = StructType([
     StructField("time_us", LongType()),
     StructField("server", LongType()),
@@ -34,16 +36,18 @@ LOG_SCHEMA = StructType([
     StructField("undeliverable", BooleanType()),
 ])
 
-# Only finished log files: the writer's hidden temporary files start with a
-# dot (which Spark skips anyway) and other files in the directory are ignored.
-LOG_GLOB = "routelog-*.jsonl"
+def _reader(reader, fmt: str):
+    reader = reader.schema(LOG_SCHEMA).option("pathGlobFilter", GLOBS[fmt])
+    if fmt == "jsonl":
+        # PERMISSIVE: a line that is not a record becomes nulls and is filtered
+        # out below rather than failing a long-running job.
+        reader = reader.option("mode", "PERMISSIVE")
+    return reader
 
 
-def _json_reader(reader):
-    # PERMISSIVE: a line that is not a record becomes nulls and is filtered
-    # out below rather than failing a long-running job.
-    return (reader.schema(LOG_SCHEMA).option("pathGlobFilter", LOG_GLOB)
-            .option("mode", "PERMISSIVE"))
+def _load(reader, fmt: str, paths: list[str] | str) -> DataFrame:
+    return reader.json(paths) if fmt == "jsonl" else reader.parquet(
+        *([paths] if isinstance(paths, str) else paths))
 
 
 def with_time(df: DataFrame) -> DataFrame:
@@ -52,28 +56,39 @@ def with_time(df: DataFrame) -> DataFrame:
             .withColumn("time", F.timestamp_micros("time_us")))
 
 
-def read_log(spark: SparkSession, log_dir: str | list[str]) -> DataFrame:
+def read_log(spark: SparkSession, log_dir: str | list[str],
+             inventory: Inventory | None = None) -> DataFrame:
     """The routing log as a batch DataFrame (with ``time``).
 
     ``log_dir``: one directory, a glob, or a list of them (one per broker of
     a cluster); see :func:`cluster_wide` for counting each message once.
+    Parquet files are read by Spark's Parquet reader (column pruning, no
+    parsing); JSON Lines files are read only when the listing
+    (``inventory``, made here when not given) found some, or cannot tell.
     """
     paths = [log_dir] if isinstance(log_dir, str) else list(log_dir)
-    return with_time(_json_reader(spark.read).json(paths))
+    inv = inventory if inventory is not None else scan(paths)
+    frames = [_load(_reader(spark.read, fmt), fmt, paths) for fmt in inv.formats()]
+    if not frames:  # nothing finished yet: an empty log of the right schema
+        return with_time(spark.createDataFrame([], LOG_SCHEMA))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return with_time(df)
 
 
-def stream_log(spark: SparkSession, log_dir: str | list[str],
+def stream_log(spark: SparkSession, log_dir: str | list[str], fmt: str,
                max_files_per_trigger: int | None = None) -> DataFrame:
-    """The routing log as a streaming DataFrame: each new file is read once.
+    """The files of one format as a streaming DataFrame: each new file is read once.
 
     Several directories: one glob (Spark's file stream source takes one path).
     """
     if not isinstance(log_dir, str):
         log_dir = log_dir[0] if len(log_dir) == 1 else "{" + ",".join(log_dir) + "}"
-    reader = _json_reader(spark.readStream)
+    reader = _reader(spark.readStream, fmt)
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-    return with_time(reader.json(log_dir))
+    return with_time(_load(reader, fmt, log_dir))
 
 
 # -- a cluster's logs: each message once -------------------------------------
@@ -103,12 +118,21 @@ def message_bytes() -> Column:
     return F.sum(is_message() * F.col("size"))
 
 
-def cluster_wide(df: DataFrame) -> DataFrame:
+def cluster_wide(df: DataFrame, single_broker: bool = False) -> DataFrame:
     """Batch only: ``copies`` (deliveries of the message on every broker, on
     its origin record) and ``undeliverable`` true only on the origin record of
-    a message no broker delivered.  A single broker's log is unchanged."""
-    total = F.sum("delivered").over(Window.partitionBy(*MESSAGE_KEY))
+    a message no broker delivered.
+
+    ``single_broker``: the files show one broker wrote them all (see
+    analytics.logfiles.Inventory.single_broker).  Then a message has one
+    record and ``copies`` is its ``delivered``: no shuffle of the whole log
+    to bring a message's records together.
+    """
     origin = F.col("proto") != CLUSTER_PROTO
+    if single_broker:
+        return (df.withColumn("copies", F.when(origin, F.col("delivered")))
+                .withColumn("undeliverable", origin & (F.col("delivered") == 0)))
+    total = F.sum("delivered").over(Window.partitionBy(*MESSAGE_KEY))
     return (df.withColumn("copies", F.when(origin, total))
             .withColumn("undeliverable", origin & (F.col("copies") == 0)))
 

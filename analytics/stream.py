@@ -1,7 +1,8 @@
 """``skan-analytics stream``: windowed traffic per group and per protocol, exactly once.
 
-Two streaming queries over the log directory, each with its own checkpoint
-under ``--checkpoint`` and its own Parquet output under ``--output``:
+One streaming query over the log directory (both formats: a file source for
+``routelog-*.parquet`` and one for ``routelog-*.jsonl``, unioned), with its
+checkpoint in ``--checkpoint`` and two Parquet outputs under ``--output``:
 
 ``by_group``      window_start, window_end, group, messages, bytes, deliveries,
                   undeliverable, undeliverable_rate
@@ -10,28 +11,33 @@ under ``--checkpoint`` and its own Parquet output under ``--output``:
                   protocol sent), deliveries_out, bytes_out (copies the broker
                   delivered to clients of that protocol)
 
-Exactly once: the file source records in the checkpoint which files each
-micro-batch read and the Parquet sink commits each batch's files in its
-``_spark_metadata`` log, so a restarted job (after a crash or a ``--once``
-run) neither skips nor re-counts a log file.  Read the output with Spark
-(``spark.read.parquet(output/by_group)``), which honours that log.
+Each micro-batch (the files new since the last one) is aggregated on its own
+and written as ``<output>/<view>/batch=<id>``: the rows are additive, a window
+whose records came in two micro-batches has two rows, and a reader sums by
+window and key.  So no record waits for a watermark and none is dropped as
+late: ``--once`` counts every record of every complete file present, and a
+file published late (a second broker's, a recovered one) is still counted.
 
-Windows are emitted in append mode once the watermark (the newest record
-time seen minus ``--watermark``) passes their end: the newest windows wait
-for later traffic (or the next run) before they are written.
+Exactly once: the file sources record in the checkpoint which files each
+micro-batch read; a batch re-run after a crash reads the same files and
+replaces its own ``batch=<id>`` directory (written under a hidden name, then
+renamed), so a restarted job neither skips nor re-counts a log file.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
+from analytics.logfiles import FORMATS
 from analytics.schema import (
     is_message,
     message_bytes,
@@ -41,9 +47,19 @@ from analytics.schema import (
 )
 
 DEFAULT_WINDOW = "1 minute"
-DEFAULT_WATERMARK = "1 minute"
 DEFAULT_TRIGGER = "30 seconds"
-QUERIES = ("by_group", "by_protocol")
+QUERY = "skan_traffic"
+VIEWS = ("by_group", "by_protocol")
+# Directory of the one query's checkpoint inside --checkpoint.
+CHECKPOINT_NAME = "traffic"
+BATCH_DIR = "batch={}"
+# How long to wait, after the query ends, for its last progress event to
+# reach the listener (Spark delivers them asynchronously).
+LISTENER_DRAIN_SECONDS = 10.0
+
+
+class OldLayout(ValueError):
+    """A checkpoint or output of the earlier stateful job (two queries, append mode)."""
 
 
 def _window_columns() -> list[Column]:
@@ -101,6 +117,57 @@ def by_protocol(events: DataFrame, window: str) -> DataFrame:
                       .alias("undeliverable_rate"), "deliveries_out", "bytes_out")
 
 
+def check_layout(checkpoint: str, output: str) -> None:
+    """Refuse the earlier job's checkpoint/output: resuming it would count everything again.
+
+    Only local paths are checked (``file://`` or plain).
+    """
+    from analytics.logfiles import local_path
+
+    ck, out = local_path(checkpoint), local_path(output)
+    old = [p for p in (
+        ck and os.path.join(ck, "by_group", "offsets"),
+        out and os.path.join(out, "by_group", "_spark_metadata"),
+    ) if p and os.path.exists(p)]
+    if old:
+        raise OldLayout(
+            f"{old[0]}: written by an earlier skan-analytics stream job (append mode with a "
+            "watermark); its windows are not additive with this version's: use a new "
+            "--checkpoint and --output (or remove both)")
+
+
+def _hadoop_fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+
+
+def write_batch(df: DataFrame, path: str) -> None:
+    """Write ``df`` to ``path`` as a whole: under a hidden name, then renamed.
+
+    A re-run of the batch (after a crash) replaces what an earlier attempt left.
+    """
+    spark = df.sparkSession
+    parent, name = os.path.split(path.rstrip("/"))
+    tmp = os.path.join(parent, f"_tmp-{name}")
+    fs, tmp_path = _hadoop_fs(spark, tmp)
+    _, final = _hadoop_fs(spark, path)
+    df.write.mode("overwrite").parquet(tmp)
+    if fs.exists(final):
+        fs.delete(final, True)
+    if not fs.rename(tmp_path, final):
+        raise RuntimeError(f"query {QUERY} failed: cannot rename {tmp} to {path}")
+
+
+def events(spark: SparkSession, log_dir: str | list[str],
+           max_files_per_trigger: int | None = None) -> DataFrame:
+    """Both formats' file sources, unioned (always both, so that a checkpoint
+    made when the directory held only JSONL files stays valid once Parquet
+    files appear)."""
+    frames = [stream_log(spark, log_dir, fmt, max_files_per_trigger) for fmt in FORMATS]
+    return frames[0].unionByName(frames[1])
+
+
 def start(
     spark: SparkSession,
     log_dir: str | list[str],
@@ -108,33 +175,41 @@ def start(
     output: str,
     *,
     window: str = DEFAULT_WINDOW,
-    watermark: str = DEFAULT_WATERMARK,
     once: bool = False,
     trigger: str = DEFAULT_TRIGGER,
     max_files_per_trigger: int | None = None,
-) -> list[StreamingQuery]:
-    """Start both queries; with ``once`` they process what is there and stop (availableNow)."""
-    queries = []
-    for name, build in (("by_group", by_group), ("by_protocol", by_protocol)):
-        events = stream_log(spark, log_dir, max_files_per_trigger).withWatermark("time", watermark)
-        writer = (
-            build(events, window).writeStream.queryName(f"skan_{name}")
-            .format("parquet").outputMode("append")
-            .option("path", os.path.join(output, name))
-            .option("checkpointLocation", os.path.join(checkpoint, name))
-        )
-        writer = writer.trigger(availableNow=True) if once else writer.trigger(
-            processingTime=trigger)
-        queries.append(writer.start())
-    return queries
+) -> StreamingQuery:
+    """Start the query; with ``once`` it processes what is there and stops (availableNow)."""
+    check_layout(checkpoint, output)
+
+    def batch(df: DataFrame, batch_id: int) -> None:
+        # The micro-batch feeds both views: read (and for JSONL, parsed) once.
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            for name, build in (("by_group", by_group), ("by_protocol", by_protocol)):
+                write_batch(build(df, window).coalesce(1),
+                            os.path.join(output, name, BATCH_DIR.format(batch_id)))
+        finally:
+            df.unpersist()
+
+    writer = (
+        events(spark, log_dir, max_files_per_trigger).writeStream.queryName(QUERY)
+        .foreachBatch(batch)
+        .option("checkpointLocation", os.path.join(checkpoint, CHECKPOINT_NAME))
+    )
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(
+        processingTime=trigger)
+    return writer.start()
 
 
 @attrs.define
 class StreamTotals:
-    """Micro-batches completed and input rows read, over both queries."""
+    """Micro-batches completed and input rows (records) read."""
 
     batches: int = 0
     rows: int = 0
+    # Set once the query's end has reached the listener (after its last progress event).
+    ended: threading.Event = attrs.Factory(threading.Event)
 
 
 def add_progress_listener(spark: SparkSession, report: Callable[[str], None]) -> StreamTotals:
@@ -159,25 +234,27 @@ def add_progress_listener(spark: SparkSession, report: Callable[[str], None]) ->
         def onQueryTerminated(self, event: Any) -> None:
             if event.exception:
                 report(f"stream: query {event.id} failed: {event.exception.splitlines()[0]}")
+            totals.ended.set()
 
     spark.streams.addListener(Progress())
     return totals
 
 
 def run(spark: SparkSession, log_dir: str | list[str], checkpoint: str, output: str,
-        **kwargs: Any) -> None:
-    """Run until stopped (or, with ``once=True``, until the available files are done)."""
-    queries = start(spark, log_dir, checkpoint, output, **kwargs)
+        totals: StreamTotals | None = None, **kwargs: Any) -> None:
+    """Run until stopped (or, with ``once=True``, until the available files are done).
+
+    ``totals``: the listener's (:func:`add_progress_listener`); when given,
+    return only once the listener has heard the query end, so that every
+    micro-batch's progress line is out before the caller's summary.
+    """
+    query = start(spark, log_dir, checkpoint, output, **kwargs)
     try:
-        if kwargs.get("once"):
-            for q in queries:
-                q.awaitTermination()
-        else:
-            spark.streams.awaitAnyTermination()
+        query.awaitTermination()
     finally:
-        for q in queries:
-            if q.isActive:
-                q.stop()
-    for q in queries:
-        if q.exception() is not None:
-            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+        if query.isActive:
+            query.stop()
+        if totals is not None:
+            totals.ended.wait(LISTENER_DRAIN_SECONDS)
+    if query.exception() is not None:
+        raise RuntimeError(f"query {query.name} failed: {query.exception()}")

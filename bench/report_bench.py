@@ -1,137 +1,201 @@
-"""Benchmark: ``skan-analytics report`` over 1,000,000 routing-log records (target < 60 s).
+"""Benchmark: ``skan-analytics report`` over millions of records, JSONL vs Parquet, beside DuckDB.
 
-    python -m bench.report_bench                    # 1,000,000 records, temp dir
-    python -m bench.report_bench --records 200000 --keep /tmp/rl
+    python -m bench.report_bench                        # 5,400,000 records, 2 rounds
+    python -m bench.report_bench --records 1000000 --rounds 1
+    python -m bench.report_bench --baseline none        # skip today's code
+    python -m bench.report_bench --keep /tmp/rb          # keep the logs and reports
 
-The records are made by the broker's own code: a real router with endpoints
-of every protocol routes synthetic traffic (a few hundred groups, Zipf-like
-popularity, fan-out 0..50, some directed and undeliverable messages) over a
-simulated hour, the routing log's RecordBuffer formats it, and the log files
-are written with the log's own file layer (64 MiB rotation).  Then the report
-runs in a fresh local[*] Spark session, timed end to end (session start-up
-included) and with the JVM already up.
+Traffic of issue 26 (bench/routelog_gen.py: 20 publishers over 50 groups, 8
+subscribers, 100-byte payloads, ~88,000 msgs/s), the same records written as
+JSON Lines (the broker's format, 64 MiB files) and as Parquet (the writer
+contract: zstd, one file per 60 s).  Each round runs, interleaved (the
+machine is shared: figures are noisy):
+
+- ``skan-analytics report`` of the baseline code (``--baseline``, default the
+  commit before this work: today's code path) on the JSONL files,
+- ``skan-analytics report`` of this checkout on the Parquet files,
+- the same on the JSONL files,
+- DuckDB running the report's aggregations over the JSONL files and over
+  the Parquet files (the reference a user compares with).
+
+Each report is the real console command in a fresh process (JVM start
+included: "report" column; the job alone, as the command's summary line
+says: "job" column).  Every report's totals and per-group messages must
+equal the generator's own counts, or the run fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
-import random
+import re
 import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 
-from analytics import report
-from analytics.session import build_session
-from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
-from broker.observability.routelog.files import LogDirectory
-from broker.observability.routelog.record import RecordBuffer
-from wire.skan import decode_header, encode_frame
+import duckdb
 
-PROTOCOLS = ("skan", "hsp", "eventer", "mariner")
-ROTATE_BYTES = 64 << 20
+from bench import routelog_gen
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Today's code: the commit this work started from (analytics before Parquet).
+DEFAULT_BASELINE = "70cdd7e"
+TOTALS = ("messages", "bytes", "deliveries", "undeliverable", "groups", "senders")
+DUCK_COLUMNS = (
+    "{'time_us':'BIGINT','server':'BIGINT','lname':'VARCHAR','proto':'VARCHAR',"
+    "'user':'VARCHAR','group':'VARCHAR','instance':'VARCHAR','to':'VARCHAR','seq':'VARCHAR',"
+    "'size':'BIGINT','recipients':'MAP(VARCHAR, BIGINT)','delivered':'BIGINT',"
+    "'undeliverable':'BOOLEAN'}"
+)
+# The report's views as DuckDB SQL over a view ``log`` (one broker: copies = delivered).
+DUCK_QUERIES = (
+    "SELECT count(*), sum(size), sum(delivered), sum(undeliverable::INT), "
+    "count(DISTINCT \"group\"), count(DISTINCT lname), min(time_us), max(time_us) FROM log",
+    "SELECT \"group\", count(*) m, sum(size) b, sum(delivered), sum(undeliverable::INT) "
+    "FROM log GROUP BY 1 ORDER BY m DESC LIMIT 10",
+    "SELECT \"group\", count(*) m, sum(size) b, sum(delivered), sum(undeliverable::INT) "
+    "FROM log GROUP BY 1 ORDER BY b DESC LIMIT 10",
+    "SELECT lname, proto, \"user\", count(*) m, sum(size), sum(delivered) FROM log "
+    "GROUP BY ALL ORDER BY m DESC LIMIT 10",
+    "SELECT delivered, count(*) FROM log GROUP BY 1",
+    "SELECT proto, count(*), sum(size), sum(undeliverable::INT) FROM log GROUP BY 1",
+    "SELECT k, sum(c), sum(c * size) FROM (SELECT unnest(map_keys(recipients)) k, "
+    "unnest(map_values(recipients)) c, size FROM log) GROUP BY 1",
+    "SELECT time_us // 60000000 m, count(*), sum(size), sum(delivered), "
+    "sum(undeliverable::INT) FROM log GROUP BY 1 ORDER BY 1",
+    "SELECT \"group\", sum(undeliverable::INT) u, count(*) FROM log GROUP BY 1 "
+    "HAVING u > 0 ORDER BY u DESC LIMIT 10",
+)
 
 
-class Client(Endpoint):
-    def __init__(self, protocol: str) -> None:
-        super().__init__()
-        self.protocol = protocol
-
-    def deliver(self, frame: bytes, routed: Routed) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+def baseline_tree(ref: str, into: pathlib.Path) -> pathlib.Path:
+    """The project's packages at git ``ref``, extracted into ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "analytics", "broker", "clients", "wire"],
+        check=True, capture_output=True).stdout
+    tar = into / "tree.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(into, filter="data")
+    tar.unlink()
+    return into
 
 
-def generate(log_dir: str, records: int, *, seconds: float = 3600.0, seed: int = 7) -> int:
-    """Write ``records`` routing-log records into ``log_dir``; returns bytes written."""
-    rnd = random.Random(seed)
-    clock = Clock(1_750_000_000.0)
-    router = Router(hostname="bench", clock=clock)
-    clients = [Client(rnd.choice(PROTOCOLS)) for _ in range(300)]
-    for c in clients:
-        router.attach(c)
-    groups = [f"group-{i:03d}".encode() for i in range(400)]
-    for g in groups:
-        for c in rnd.sample(clients, min(len(clients), int(rnd.paretovariate(1.2)) % 50)):
-            router.subscribe(c, g, b"*", rnd.choice((NORMAL, NORMAL, NORMAL, MEONLY, PROMISC)))
-    senders = clients[:120]
-    weights = [1.0 / (i + 1) for i in range(len(groups))]  # Zipf-like group popularity
-    frames: dict[tuple[bytes, bytes, int], tuple[bytes, dict]] = {}
-    directory = LogDirectory(log_dir, 1)
-    directory.open()
-    written = 0
-    current = directory.new_file()
+def run_report(code: pathlib.Path, log_dir: pathlib.Path, out: pathlib.Path
+               ) -> tuple[float, float | None, dict]:
+    """``skan-analytics report`` of the code at ``code``: (wall s, job s, report.json)."""
+    env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{ROOT}",
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "analytics.cli", "report", "--log-dir", str(log_dir),
+         "--out", str(out)],
+        env=env, cwd=str(out.parent), capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"report failed ({code}):\n{proc.stderr[-3000:]}")
+    job = re.search(r"charts; ([0-9.]+)s;", proc.stderr)
+    return wall, float(job.group(1)) if job else None, json.loads(
+        (out / "report.json").read_text())
 
-    def flush() -> None:
-        nonlocal current, written
-        data = "".join(buf.take()).encode()
-        if current.size and current.size + len(data) > ROTATE_BYTES:
-            current.finish()
-            current = directory.new_file()
-        current.write(data)
-        written += len(data)
 
-    buf = RecordBuffer(4096, flush)
-    router.observers.append(buf.observe)
-    step = seconds / records
-    picks = rnd.choices(range(len(groups)), weights, k=records)
-    sender_picks = rnd.choices(range(len(senders)), [1.0 / (i + 3) for i in range(len(senders))],
-                               k=records)
-    for i in range(records):
-        clock.now += step
-        sender = senders[sender_picks[i]]
-        group = groups[picks[i]]
-        to = b"*" if i % 17 else clients[(i * 7) % len(clients)].lname
-        size = 40 + (i % 5) * 60
-        key = (sender.lname, group + b"\0" + to, size)
-        cached = frames.get(key)
-        if cached is None:
-            frame = encode_frame({"type": "send", "from": sender.lname, "to": to, "group": group,
-                                  "instance": b"*", "seq": b"1", "msg": b"x" * size})
-            cached = frames[key] = (frame, decode_header(frame, 4))
-        frame, header = cached
-        header = {**header, b"seq": str(i).encode()}
-        router.route(sender, frame, header)
-        router.end_batch()
-    flush()
-    current.finish()
-    directory.close()
-    return written
+def check(result: dict, expected: dict, what: str) -> None:
+    totals = result["totals"]
+    wrong = {k: (totals[k], expected[k]) for k in TOTALS if totals[k] != expected[k]}
+    top = result["tables"]["groups_by_messages"]["rows"]
+    wrong.update({g: (m, expected["per_group"][g]) for g, m, *_ in top
+                  if m != expected["per_group"][g]})
+    if wrong:
+        raise SystemExit(f"{what}: totals differ from the generated counts: {wrong}")
+
+
+def run_duckdb(files: str, fmt: str) -> float:
+    con = duckdb.connect()
+    source = (f"read_parquet('{files}')" if fmt == "parquet" else
+              f"read_json('{files}', format='newline_delimited', columns={DUCK_COLUMNS})")
+    con.execute(f"CREATE VIEW log AS SELECT * FROM {source}")
+    started = time.perf_counter()
+    for q in DUCK_QUERIES:
+        con.execute(q).fetchall()
+    elapsed = time.perf_counter() - started
+    con.close()
+    return elapsed
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--records", type=int, default=1_000_000)
-    p.add_argument("--keep", help="write the logs and report here and keep them")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=5_400_000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--baseline", default=DEFAULT_BASELINE,
+                   help="git ref of today's code for the JSONL baseline ('none': skip)")
+    p.add_argument("--keep", help="write the logs and reports here and keep them")
     args = p.parse_args()
     work = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="skan-report-bench-"))
-    log_dir = work / "log"
-    if log_dir.exists():
-        shutil.rmtree(log_dir)
+    try:
+        bench(args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args: argparse.Namespace, work: pathlib.Path) -> None:
+    logs = work / "log"
+    if logs.exists():
+        shutil.rmtree(logs)
     t0 = time.perf_counter()
-    size = generate(str(log_dir), args.records)
-    t1 = time.perf_counter()
-    print(f"generated {args.records:,} records ({size / 1e6:.0f} MB) in {t1 - t0:.1f} s")
-    t2 = time.perf_counter()
-    spark = build_session("skan-report-bench")
-    result = report.run(spark, str(log_dir), str(work / "report"), quiet=True)
-    t3 = time.perf_counter()
-    assert result.totals["messages"] == args.records, result.totals
-    print(f"report (incl. Spark start-up): {t3 - t2:.1f} s  -> {work / 'report'}")
-    t4 = time.perf_counter()
-    report.run(spark, str(log_dir), str(work / "report2"), quiet=True)
-    t5 = time.perf_counter()
-    print(f"report (JVM already up):       {t5 - t4:.1f} s")
-    spark.stop()
-    if not args.keep:
-        shutil.rmtree(work)
+    sizes = routelog_gen.generate(str(logs), args.records)
+    expected = routelog_gen.expected(args.records)
+    print(f"generated {args.records:,} records in {time.perf_counter() - t0:.1f} s: "
+          f"JSONL {sizes['jsonl'] / 1e6:,.0f} MB, Parquet {sizes['parquet'] / 1e6:,.1f} MB",
+          flush=True)
+    baseline = None
+    if args.baseline != "none":
+        baseline = baseline_tree(args.baseline, work / "baseline")
+    runs: list[tuple[str, str, pathlib.Path]] = []
+    if baseline is not None:
+        runs.append((f"JSONL, today's code ({args.baseline})", "jsonl", baseline))
+    runs += [("Parquet, this code", "parquet", ROOT), ("JSONL, this code", "jsonl", ROOT)]
+    times: dict[str, list[tuple[float, float | None]]] = {name: [] for name, _, _ in runs}
+    duck: dict[str, list[float]] = {"jsonl": [], "parquet": []}
+    for r in range(args.rounds):
+        for name, fmt, code in runs:
+            out = work / f"report-{r}-{fmt}-{len(times[name])}-{code.name}"
+            wall, job, result = run_report(code, logs / fmt, out)
+            check(result, expected, name)
+            times[name].append((wall, job))
+            print(f"round {r + 1}: {name}: report {wall:.1f} s (job {job} s), totals equal",
+                  flush=True)
+            shutil.rmtree(out)
+        for fmt in ("jsonl", "parquet"):
+            duck[fmt].append(run_duckdb(str(logs / fmt / f"routelog-*.{fmt}"), fmt))
+            print(f"round {r + 1}: DuckDB {fmt}: {duck[fmt][-1]:.1f} s", flush=True)
+    n = args.records
+    print(f"\n{n:,} records, {args.rounds} round(s), medians; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    head = (f"{'format, code':<34} {'bytes/rec':>9} {'report s':>9} {'job s':>7} "
+            f"{'records/s':>10} {'DuckDB s':>9}")
+    print(head)
+    print("-" * len(head))
+    rates = {}
+    for name, fmt, _ in runs:
+        wall = statistics.median(t[0] for t in times[name])
+        jobs = [t[1] for t in times[name] if t[1] is not None]
+        job = f"{statistics.median(jobs):.1f}" if jobs else "-"
+        rates[name] = n / wall
+        print(f"{name:<34} {sizes[fmt] / n:>9.1f} {wall:>9.1f} {job:>7} {n / wall:>10,.0f} "
+              f"{statistics.median(duck[fmt]):>9.1f}")
+    if baseline is not None:
+        base = rates[runs[0][0]]
+        for name, _, _ in runs[1:]:
+            print(f"{name}: {rates[name] / base:.1f}x today's records/s")
 
 
 if __name__ == "__main__":

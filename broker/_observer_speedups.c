@@ -634,9 +634,20 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *key[3] = {NULL, NULL, NULL};
     PyObject *const tags[3] = {t_group, t_instance, t_to};
     PyObject *result = NULL;
-    int differs = 0, raises = 0;
+    PyObject *sender0 = NULL;
+    int differs = 0, raises = 0, senders = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(batch, i);
+        /* One run speaks for one sender (its user claim): identity, as the
+         * reference compares. */
+        PyObject *who = attr(r, s_sender);
+        if (who == NULL)
+            goto done;
+        if (i == 0)
+            sender0 = Py_NewRef(who);
+        else if (who != sender0)
+            senders = 1;
+        Py_DECREF(who);
         PyObject *s = attr(r, s_server);
         if (s == NULL)
             goto done;
@@ -700,13 +711,14 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     /* last - first == n - 1 without signed overflow. */
-    int one_run = s0 == s1 && last >= first
+    int one_run = !senders && s0 == s1 && last >= first
                   && (unsigned long long)last - (unsigned long long)first
                          == (unsigned long long)(n - 1);
     result = PyTuple_Pack(4, key[0], key[1], key[2], one_run ? Py_True : Py_False);
 done:
     for (int k = 0; k < 3; k++)
         Py_XDECREF(key[k]);
+    Py_XDECREF(sender0);
     Py_DECREF(batch);
     return result;
 }

@@ -4,6 +4,9 @@ Exit codes: 0 after a graceful stop (or a valid ``--check-config``), 1 when
 start-up fails (a port in use, a TLS file missing: the line names the
 listener, host:port or file), 2 for a bad command line or configuration,
 130 when interrupted before the listeners are up.
+
+``skan-broker accept-store DIR`` takes a store that was refused for a
+missing file as it is (broker/store/db.py ``accept_store``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from broker.app import workers
 from broker.cluster.cluster_service import ClusterStartError
 from broker.core.auth import hash_token
 from broker.serving import config
+from broker.store.db import accept_store
 from toolkit import cliutil
 
 PROG = "skan-broker"
@@ -43,7 +47,8 @@ def build_parser() -> cliutil.Parser:
         description="Skan message-routing broker (Skan, HSP, Chatter/Eventer, Mariner). "
                     "Flags override the configuration file; defaults are the embedded "
                     "configuration's. 'skan-broker hash-token' reads a token on stdin and "
-                    "prints its token_sha256.",
+                    "prints its token_sha256. 'skan-broker accept-store DIR' takes a store "
+                    "refused for a missing file as it is (docs/store.md).",
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
     p.add_argument("--check-config", metavar="FILE",
@@ -203,9 +208,30 @@ def hash_token_main() -> int:
     return 0
 
 
+def accept_store_main(args: list[str]) -> int:
+    """``skan-broker accept-store DIR``: the operator takes a refused store as it is.
+
+    For a store refused because a file is missing or older than its state
+    file (docs/store.md, "A store missing a file"); the broker must be stopped.
+    """
+    if len(args) != 1 or args[0].startswith("-"):
+        print(f"usage: {PROG} accept-store DIR  (the [store] dir; the broker must be stopped)",
+              file=sys.stderr)
+        return cliutil.EXIT_USAGE
+    try:
+        print(accept_store(args[0]))
+    except OSError as exc:
+        print(f"{PROG}: accept-store: {cliutil.describe_os_error(exc)}", file=sys.stderr)
+        return cliutil.EXIT_FAILURE
+    return cliutil.EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["hash-token"]:
+    command = (sys.argv[1:] if argv is None else argv)[:1]
+    if command == ["hash-token"]:
         return hash_token_main()
+    if command == ["accept-store"]:
+        return accept_store_main((sys.argv[1:] if argv is None else argv)[1:])
     args = parse_args(argv)
     if args.check_config is not None:
         return check_config(args.check_config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -10,6 +11,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -84,6 +86,92 @@ def _print_ready(lines: list[str]) -> None:
     sys.stdout.flush()
 
 
+# Seconds the drain may still take once a second stop signal arrived: the
+# operator (or a supervisor escalating) wants out now; the final commit of
+# the store and the routing log's flush still happen, only the wait for
+# slow connections' queues is cut short.
+HURRIED_DRAIN = 0.5
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP from the moment the broker is ready until it exits.
+
+    The first SIGINT/SIGTERM starts a graceful stop; a second one cuts the
+    drain short (:data:`HURRIED_DRAIN`); a third aborts at once, without the
+    final commit (exit status 128 + the signal, like a default handler).
+    SIGHUP reloads the configuration while running and is ignored once a
+    stop has begun.  Plain Python handlers, not a trio signal receiver, so
+    that they keep working while the process does the blocking final commit
+    after the trio tasks are gone, and nothing is left pending at exit for
+    a default handler to act on.  The handlers only count and hand the work
+    to the trio thread (``TrioToken.run_sync_soon``, safe in a signal
+    handler).
+    """
+
+    def __init__(self, ctx: BrokerContext, stop: trio.Event) -> None:
+        self.ctx = ctx
+        self.stop = stop
+        self.count = 0
+        self.token = trio.lowlevel.current_trio_token()
+        # The drain's cancel scope while connections drain (a second signal
+        # moves its deadline in).
+        self.drain: trio.CancelScope | None = None
+        self._saved: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (*STOP_SIGNALS, signal.SIGHUP):
+            self._saved[signum] = signal.signal(signum, self._handler)
+
+    def restore(self) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+        self._saved.clear()
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGHUP:
+            self._soon(self._reload, signum)
+            return
+        self.count += 1
+        if self.count >= 3:
+            name = signal.Signals(signum).name
+            with contextlib.suppress(OSError):
+                os.write(2, f"skan-broker: received {name} a third time: exiting at once, "
+                            "without the final commit of the store and the routing log\n"
+                         .encode())
+            os._exit(128 + signum)
+        self._soon(self._stopping if self.count == 1 else self._hurry, signum)
+
+    def _soon(self, fn: Callable[[int], None], signum: int) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(fn, signum)
+
+    def _reload(self, signum: int) -> None:
+        if self.count or self.stop.is_set():
+            self._ignored(signum)
+            return
+        try:
+            reload_config(self.ctx)
+        except Exception:  # never into trio's run loop (run_sync_soon)
+            log.exception("reload failed")
+
+    def _stopping(self, signum: int) -> None:
+        log.info("received %s, stopping (a second signal shortens the drain)",
+                 signal.Signals(signum).name)
+        self.stop.set()
+
+    def _hurry(self, signum: int) -> None:
+        log.warning("received %s again: cutting the drain short; the store's final commit "
+                    "and the routing log's flush still happen (a third signal aborts)",
+                    signal.Signals(signum).name)
+        self.stop.set()
+        if self.drain is not None:
+            self.drain.deadline = min(self.drain.deadline, trio.current_time() + HURRIED_DRAIN)
+
+    def _ignored(self, signum: int) -> None:
+        log.info("received %s while stopping: ignored", signal.Signals(signum).name)
+
+
 async def run(
     config: Config,
     *,
@@ -95,7 +183,7 @@ async def run(
     """Run the broker until SIGINT/SIGTERM (or ``stop`` is set), then drain and return.
 
     SIGHUP calls ``reload`` for a fresh configuration and applies it (see
-    :mod:`broker.app.reload`).
+    :mod:`broker.app.reload`); signals during a stop: :class:`StopSignals`.
     """
     config = apply_descriptor_limit(config)
     return_large_frames()
@@ -103,21 +191,24 @@ async def run(
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)
     ctx.router.auth = build_authenticator(config)
+    signals = StopSignals(ctx, trio.Event() if stop is None else stop)
     try:
-        await _run(config, ctx, enabled, ready, stop, ctx_out)
+        await _run(config, ctx, enabled, ready, signals, ctx_out)
     finally:
-        if isinstance(ctx.retention, Store):
-            # Commit what is queued (a graceful stop loses nothing).
-            ctx.retention.close()
+        try:
+            if isinstance(ctx.retention, Store):
+                # Commit what is queued (a graceful stop loses nothing).
+                ctx.retention.close()
+        finally:
+            signals.restore()
 
 
 async def _run(config: Config, ctx: BrokerContext, enabled: list,
-               ready: Callable[[list[str]], None], stop: trio.Event | None,
+               ready: Callable[[list[str]], None], signals: StopSignals,
                ctx_out: list[BrokerContext] | None) -> None:
     if ctx_out is not None:
         ctx_out.append(ctx)
-    if stop is None:
-        stop = trio.Event()
+    stop = signals.stop
     await _probe_ports(config, ctx.services)
     async with trio.open_nursery() as outer:
         ctx.conn_nursery = outer
@@ -137,21 +228,10 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
             gc.freeze()
             if config.broker.routing_slice:
                 set_thread_slice(config.broker.routing_slice)
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-
-                async def wait_signal() -> None:
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:
-                            reload_config(ctx)
-                            continue
-                        log.info("received %s, stopping", signal.Signals(signum).name)
-                        stop.set()
-                        return
-
-                svc_nursery.start_soon(wait_signal)
-                await stop.wait()
-                # 1. no new connections, bridges stop
-                svc_nursery.cancel_scope.cancel()
+            signals.install()
+            await stop.wait()
+            # 1. no new connections, bridges stop
+            svc_nursery.cancel_scope.cancel()
         # 2. tell peers, then drain every connection's queue and close it
         for hook in ctx.on_stopping:
             try:
@@ -159,11 +239,16 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
             except Exception:
                 log.exception("stopping hook failed")
         ctx.connections.stop_all()
-        with trio.move_on_after(config.broker.drain_timeout + 1):
+        with trio.move_on_after(config.broker.drain_timeout + 1) as drain:
+            signals.drain = drain
+            if signals.count > 1:  # the second signal came before the drain began
+                drain.deadline = min(drain.deadline, trio.current_time() + HURRIED_DRAIN)
             while len(ctx.connections):
                 await trio.sleep(0.01)
+        signals.drain = None
         outer.cancel_scope.cancel()
-    # 3. flush what must survive the process (routing log)
+    # 3. flush what must survive the process (routing log); the store's final
+    # commit follows in run()
     for hook in ctx.on_stopped:
         with trio.CancelScope(shield=True):
             await hook()

@@ -70,7 +70,11 @@ def worker_commands(config: Config, argv: list[str], workers: int) -> list[list[
 
 def run_workers(config: Config, argv: list[str], workers: int) -> int:
     """Start the workers, print their listeners once, supervise until a signal or a death."""
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, bufsize=0)
+    # Each worker in its own process group: a terminal's Ctrl-C reaches it
+    # once, forwarded by the parent, not twice (the group's SIGINT and the
+    # parent's), which a worker would take as a second stop signal
+    # (broker/app/lifecycle.py StopSignals: a shortened drain).
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, bufsize=0, process_group=0)
              for cmd in worker_commands(config, argv, workers)]
     stopping = False
 

@@ -21,16 +21,25 @@ only, with the backplane as sender (so it never goes back out: "never to the
 sender" is the loop guard), its origin's EventId and timestamp, and the
 rules of section 1 applied again to the decoded header: the subject was
 only a pre-filter.  Overlapping NATS subscriptions (a group's and our own
-directed-traffic subject) deliver one run twice; a per-origin high-water
-mark of (session, instance) drops the second copy.  It also drops copies a
-NATS reconnect may repeat.  What cannot be decoded is counted in
-``malformed`` and reported to ``on_malformed`` (the service logs it, rate
-limited).
+directed-traffic subject) deliver one run twice, one right after the other;
+a window of the last runs seen per origin broker (bounded, reset when that
+broker restarts) drops the second copy.  A window, not a high-water mark: a
+forged run with a huge session can only occupy one slot of it, never make
+later runs look old.  What cannot be decoded is counted in ``malformed`` and
+reported to ``on_malformed`` (the service logs it, rate limited).
+
+Trust (BROKER-SPEC section 8, "What a broker believes from NATS"): a run is
+accepted only if the subject's publisher (``sk.<server>.``), the run's
+origin and every frame's ``from`` (an lname ``...@HOST/<server>``) name the
+same broker (else counted in ``forged``); frames over ``max_frame`` are
+refused (``oversized_in``); the run's user claim (:mod:`broker.cluster.claims`)
+gets this broker's permissions for that user, so a send that user may not
+make here is refused (``refused``, and skan_permission_denied_total).
 
 Interest: the backplane keeps one NATS subscription per group with local
 subscribers (aggregated, not per instance), one for every group when a Hat
 pattern's first segment is a wildcard, and one for traffic directed to its
-own clients; it announces the first two on :data:`interest.SUBJECT` (a
+own clients; it announces the first two on :data:`subjects.INTEREST` ``<server>`` (a
 delta when one is made or removed, the full set from :meth:`announce`).
 Protocol bytes go to ``send`` (the trio driver's queue towards NATS,
 which returns False when it cannot take them: NATS is down or slower
@@ -45,7 +54,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from broker.cluster import inbound, interest, subjects
+from broker.cluster import claims, inbound, interest, subjects
 from broker.cluster import subject_runs as runs
 from broker.cluster.subject_runs import (
     HEADER_ROOM,
@@ -55,9 +64,9 @@ from broker.cluster.subject_runs import (
     pack_stamps,
     unpack_run,
 )
-from broker.core.router import STAR, Endpoint, Routed, Router
+from broker.core.router import STAR, Endpoint, NotPermitted, Routed, Router
 from wire import nats
-from wire.errors import ProtocolError
+from wire.errors import LimitError, ProtocolError
 from wire.skan import decode_header
 
 # Distinct (group, instance, to) subjects remembered; cleared when full (as
@@ -67,6 +76,15 @@ SUBJECT_CACHE_LIMIT = 65_536
 # Remote senders (one per remote client lname) remembered; cleared when full,
 # for the same reason: clients on other brokers come and go without end.
 SENDER_CACHE_LIMIT = 65_536
+# Runs remembered per origin broker to drop the second copy overlapping
+# subscriptions deliver (it arrives right after the first).
+DEDUPE_WINDOW = 1024
+# Seconds between two answers to a hello: every broker announces its full
+# set with each heartbeat anyway, so answering a burst of hellos (2,000
+# forged ones, say) with one full set each is work for nothing.
+HELLO_INTERVAL = 0.1
+# Frames the broker accepts from NATS when the router has no max_frame.
+DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 # Field getters, for C-level passes over a batch (Backplane._unwanted).
 _HEADER_OF = attrgetter("header")
 _GROUP = itemgetter(b"group")
@@ -102,19 +120,31 @@ class Backplane(Endpoint):
         # subject -> (sid, reference count)
         self._subs: dict[bytes, list[Any]] = {}
         self._next_sid = 0
-        # origin server id -> last (session, instance) routed from it
-        self._hwm: dict[int, tuple[int, int]] = {}
+        # origin server id -> its last runs' (session, first, count) (DEDUPE_WINDOW)
+        self._recent: dict[int, dict[tuple[int, int, int], None]] = {}
         self.sent = 0
         self.drops = 0
         self.received = 0
         self.duplicates = 0
         self.malformed = 0
+        # Messages that spoke for another broker than the one that published
+        # them (subject, origin and frames' from disagree).
+        self.forged = 0
+        # Messages the claimed user may not send here (section 7 on this broker).
+        self.refused = 0
+        # Runs holding a frame over max_frame (also in malformed).
+        self.oversized_in = 0
+        # Hellos not answered at once (HELLO_INTERVAL; the next heartbeat's full set does).
+        self.hellos_deferred = 0
+        self._last_hello = -HELLO_INTERVAL
+        self.max_frame = router.max_frame or DEFAULT_MAX_FRAME
+        self._auth = router.auth
         # Messages too large for NATS's max_payload (counted in drops too).
         self.oversized = 0
         # NATS's max_payload (its INFO; the service sets it per connection).
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
-        self._senders: dict[bytes, RemoteSender] = {}
+        self._senders: dict[tuple[bytes, bytes], RemoteSender] = {}
         # (group, instance, to) -> (subject, directed to another broker's lname)
         self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
         self._in_runs = 0  # messages the last observe() put in runs
@@ -128,6 +158,7 @@ class Backplane(Endpoint):
         # its full set with each heartbeat); forgotten after three (as "brokers seen").
         self.remote = interest.RemoteInterest(server_id, 2 * heartbeat, 3 * heartbeat)
         self._own_dest = b"b%d" % server_id
+        self._interest_subject = subjects.control(subjects.INTEREST, server_id)
         # Only what entered this broker: what NATS brought never goes back out
         # (the router leaves it out of local observers' batches, or calls none).
         router.local_observers.append(self.observe)
@@ -176,18 +207,19 @@ class Backplane(Endpoint):
 
     def _one_run(self, batch: list[Routed], subject: bytes, parts: list[bytes]) -> bool:
         """A batch that is one run of one subject (one session, consecutive
-        instances: one publisher's read), cut at RUN_BYTES.  False (nothing
+        instances, one sender: one publisher's read), cut at RUN_BYTES.  False (nothing
         done) when a frame is too large for NATS: the general path drops it."""
+        head, n = batch[0], len(batch)
         frames, ends, stamps, largest = runs.run_parts(batch)
         if largest > self.max_payload - HEADER_ROOM - STAMP:
             return False
-        head, n = batch[0], len(batch)
+        claim = claims.claim(head.sender.principal)
         server, session, first = head.server, head.session, head.instance
         i = done = 0
         while i < n:
             j = max(bisect_right(ends, done + RUN_BYTES, i), i + 1)  # ends: payload bytes so far
             parts += encode_run(subject, server, session, first + i, stamps[STAMP * i:STAMP * j],
-                                frames[i:j], ends[j - 1] - done)
+                                frames[i:j], ends[j - 1] - done, claim)
             done = ends[j - 1]
             i = j
         self._in_runs = n
@@ -196,7 +228,8 @@ class Backplane(Endpoint):
     def _runs(self, batch: list[Routed], parts: list[bytes],
               wanted: set[bytes] | None) -> None:
         """Any batch, message by message: a run ends where the subject, the
-        origin's session or the instance sequence changes, or at RUN_BYTES.
+        origin's session, the sender or the instance sequence changes, or at
+        RUN_BYTES.
         Whether another broker wants a subject is decided once per stretch of
         messages on it."""
         largest = self.max_payload - HEADER_ROOM  # a run of one must fit
@@ -204,6 +237,7 @@ class Backplane(Endpoint):
         stamps: list[float] = []
         subject = checked = b""
         skip = False
+        sender: Endpoint | None = None
         server = session = first = nxt = size = 0
         sent = withheld = 0
         for routed in batch:
@@ -223,14 +257,16 @@ class Backplane(Endpoint):
                 self.oversized += 1
                 continue
             if (subj != subject or routed.instance != nxt or routed.session != session
-                    or routed.server != server or size + n > RUN_BYTES):
+                    or routed.server != server or routed.sender is not sender
+                    or size + n > RUN_BYTES):
                 if frames:
                     parts += encode_run(subject, server, session, first, pack_stamps(stamps),
-                                        frames, size)
+                                        frames, size, claims.claim(sender.principal))
                     sent += len(frames)
                     frames = []
                     stamps = []
                 subject = subj
+                sender = routed.sender
                 server = routed.server
                 session = routed.session
                 first = nxt = routed.instance
@@ -240,7 +276,9 @@ class Backplane(Endpoint):
             nxt += 1
             size += n
         if frames:
-            parts += encode_run(subject, server, session, first, pack_stamps(stamps), frames, size)
+            assert sender is not None
+            parts += encode_run(subject, server, session, first, pack_stamps(stamps), frames, size,
+                                claims.claim(sender.principal))
             sent += len(frames)
         self._in_runs = sent
         self.withheld += withheld
@@ -253,7 +291,7 @@ class Backplane(Endpoint):
         if found is None:
             if len(cache) >= SUBJECT_CACHE_LIMIT:
                 cache.clear()
-            subject = subjects.message_subject(*key)
+            subject = subjects.message_subject(self.server_id, *key)
             dest = subject[subject.rfind(b".") + 1:]
             found = cache[key] = (subject, dest[:1] == b"b" and dest != self._own_dest)
         return found
@@ -308,7 +346,7 @@ class Backplane(Endpoint):
         # After the SUB (same connection, so NATS has it before anyone can act
         # on the delta).  If it is lost, the receivers see a gap in the
         # sequence and publish everything until our next full set.
-        self.send(nats.pub(interest.SUBJECT, self.announcer.delta(group, added)))
+        self.send(nats.pub(self._interest_subject, self.announcer.delta(group, added)))
 
     def announce(self, hello: bool = False) -> None:
         """Send this broker's full interest (``hello``: on a fresh connection, asking
@@ -317,7 +355,7 @@ class Backplane(Endpoint):
         everything = None in self._interest.values()
         part = min(interest.PART_BYTES, self.max_payload // 2)
         for payload in self.announcer.full(groups, everything, hello, part):
-            self.send(nats.pub(interest.SUBJECT, payload))
+            self.send(nats.pub(self._interest_subject, payload))
 
     def connected(self, now: float) -> None:
         """A fresh NATS connection (subscriptions restored): forget what the
@@ -325,15 +363,45 @@ class Backplane(Endpoint):
         self.remote.reset(now)
         self.announce(hello=True)
 
-    def interest_received(self, payload: bytes, now: float) -> None:
-        """An interest message from another broker (answered when it says hello)."""
+    def interest_received(self, payload: bytes, now: float,
+                          subject: bytes | None = None) -> None:
+        """An interest message from another broker, on ``subject`` (which names
+        it); a hello is answered at most once per HELLO_INTERVAL (the
+        heartbeat's full set answers the others)."""
+        sender = None
+        if subject is not None:
+            sender = subjects.control_sender(subject, subjects.INTEREST)
+            if sender is None:
+                self.count_malformed(f"{subject.decode(errors='replace')}: not a broker's subject")
+                return
         try:
-            hello = self.remote.receive(payload, now)
-        except ValueError as exc:
-            self.count_malformed(f"{interest.SUBJECT.decode()}: {exc}")
+            hello = self.remote.receive(payload, now, sender)
+        except interest.ForgedError as exc:
+            self.count_forged(f"{subject.decode(errors='replace') if subject else ''}: {exc}")
+            return
+        except ProtocolError as exc:
+            self.count_malformed(f"{(subject or b'').decode(errors='replace')}: {exc}")
             return
         if hello:
-            self.announce()
+            if now - self._last_hello >= HELLO_INTERVAL:
+                self._last_hello = now
+                self.announce()
+            else:
+                self.hellos_deferred += 1
+
+    def interest_lost(self, subject: bytes, now: float) -> None:
+        """An interest message dropped unread (the backlog was full): its
+        sender's set is unknown until its next full set."""
+        self.count_malformed(f"{subject.decode(errors='replace')}: dropped, interest backlog full")
+        sender = subjects.control_sender(subject, subjects.INTEREST)
+        if sender is not None:
+            self.remote.lost(sender, now)
+
+    def peer_restarted(self, server: int, now: float) -> None:
+        """``server`` came back with a new boot id: its dedupe window and its
+        announced interest belong to its previous life."""
+        self._recent.pop(server, None)
+        self.remote.restarted(server, now)
 
     def resubscribe(self) -> list[bytes]:
         """Commands that restore every subscription on a fresh NATS connection."""
@@ -347,33 +415,65 @@ class Backplane(Endpoint):
 
     def receive(self, msg: nats.Msg) -> None:
         """Route one run from NATS to this broker's own endpoints."""
+        subject = msg.subject
         try:
-            server, session, first, stamps, frames = unpack_run(msg)
-        except (ValueError, ProtocolError) as exc:
-            self.count_malformed(f"{msg.subject.decode(errors='replace')}: {exc}")
+            server, session, first, stamps, frames, claim = unpack_run(msg, self.max_frame)
+        except LimitError as exc:
+            self.oversized_in += 1
+            self.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
+            return
+        except ProtocolError as exc:
+            self.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
+            return
+        publisher = subjects.publisher(subject)
+        if publisher is None or publisher != b"%d" % server:
+            self.count_forged(f"{subject.decode(errors='replace')}: run of broker {server} "
+                              "on a subject of another")
             return
         if server == self.server_id:
             return  # our own message (echo is off; a misconfigured peer id)
-        last = self._hwm.get(server)
-        if last is not None and (session, first) <= last:
+        recent = self._recent.get(server)
+        if recent is None:
+            if len(self._recent) >= interest.MAX_PEERS:
+                self._recent.clear()  # made-up origins: at worst a second copy passes
+            recent = self._recent[server] = {}
+        seen = (session, first, len(frames))
+        if seen in recent:
             self.duplicates += len(frames)
             return
-        self._hwm[server] = (session, first + len(frames) - 1)
+        recent[seen] = None
+        if len(recent) > DEDUPE_WINDOW:
+            del recent[next(iter(recent))]
+        if self._auth is not self.router.auth:
+            self._auth = self.router.auth  # reloaded: senders get the new permissions
+            self._senders.clear()
         found = inbound.run_key(frames)
         if found is not None:
             # The common run: one publisher's sends on one routing key.
             lname, headers, key = found
-            self.router.route_run(self._sender(lname), frames, headers, key,
-                                  (server, session, first), stamps)
+            if not subjects.owns(lname, publisher):
+                self.count_forged(f"{subject.decode(errors='replace')}: frames from "
+                                  f"{lname.decode(errors='replace')!r}, not a client of "
+                                  f"broker {server}")
+                return
+            try:
+                self.router.route_run(self._sender(lname, claim), frames, headers, key,
+                                      (server, session, first), stamps)
+            except NotPermitted:
+                self.refused += len(frames)
+                return
             self.received += len(frames)
         else:
-            self.route_frames(msg.subject, server, session, first, stamps, frames)
+            self.route_frames(subject, server, session, first, stamps, frames, claim)
 
     def route_frames(self, subject: bytes, server: int, session: int, first: int,
-                     stamps: Sequence[float], frames: list[bytes]) -> None:
+                     stamps: Sequence[float], frames: list[bytes],
+                     claim: bytes = claims.FULL) -> None:
         """Route a run frame by frame (any run: mixed keys or senders, frames
-        that are not sends), dropping and counting the malformed ones."""
+        that are not sends), dropping and counting the malformed, forged and
+        refused ones."""
         route = self.router.route
+        token = b"%d" % server
         routed = 0
         for i, frame in enumerate(frames):
             try:
@@ -388,24 +488,42 @@ class Backplane(Endpoint):
             if not (type(group) is bytes and type(instance) is bytes
                     and type(to) is bytes and type(sender) is bytes):
                 self.count_malformed(f"{subject.decode(errors='replace')}: routed frame "
-                                "without DATA group, instance, to and from")
+                                     "without DATA group, instance, to and from")
                 continue
-            route(self._sender(sender), frame, header,
-                  origin=(server, session, first + i, stamps[i]),
-                  key=(group, instance, to, b"repl" in header or b"reply" in header))
+            if not subjects.owns(sender, token):
+                self.count_forged(f"{subject.decode(errors='replace')}: frame from "
+                                  f"{sender.decode(errors='replace')!r}, not a client of "
+                                  f"broker {server}")
+                continue
+            try:
+                route(self._sender(sender, claim), frame, header,
+                      origin=(server, session, first + i, stamps[i]),
+                      key=(group, instance, to, b"repl" in header or b"reply" in header))
+            except NotPermitted:
+                self.refused += 1
+                continue
             routed += 1
         self.received += routed
 
-    def _sender(self, lname: bytes) -> RemoteSender:
-        """The sender of messages from the remote client ``lname`` (one object per
-        lname: observers such as the routing log key caches on the sender)."""
+    def _sender(self, lname: bytes, claim: bytes = claims.FULL) -> RemoteSender:
+        """The sender of messages from the remote client ``lname`` whose user
+        claim is ``claim`` (one object per pair: observers such as the routing
+        log key caches on the sender), with this broker's permissions for it."""
         senders = self._senders
-        found = senders.get(lname)
+        found = senders.get((lname, claim))
         if found is None:
             if len(senders) >= SENDER_CACHE_LIMIT:
                 senders.clear()
-            found = senders[lname] = RemoteSender(lname)
+            found = senders[(lname, claim)] = RemoteSender(lname)
+            perms = found.perms = claims.permissions(claim, self.router.auth)
+            found.publish_allowed = None if perms is None else perms.publish_allowed
         return found
+
+    def count_forged(self, reason: str) -> None:
+        """Count a message that spoke for another broker than its publisher."""
+        self.forged += 1
+        if self.on_malformed is not None:
+            self.on_malformed("forged: " + reason)
 
     def count_malformed(self, reason: str) -> None:
         """Count a message from NATS that could not be used, and report it."""

@@ -17,6 +17,18 @@ sentinel may belong to any broker: the merge cuts at it) and without
 :data:`broker.store.retained_query.QUERY_LIMIT` events, in the query's
 order, and fewer when its reply would exceed NATS's ``max_payload``
 (``moreFollows`` is then set on the merged answer).
+
+Who asks: a request carries the asking client's user claim
+(:mod:`broker.cluster.claims`) and lname; the answering broker answers
+only with what *its* configuration of that user may read (section 7: the
+group's subscribe permission, and promisc for messages directed to
+others).  A claim that broker grants nothing (an unknown user, anonymous
+where anonymous is refused) gets an empty answer, counted.  An answer
+names the broker that gives it and holds only that broker's events.
+
+Decoding is bounded: a request is at most :data:`MAX_REQUEST` bytes of
+JSON; an answer's entries must fit its bytes; both raise
+:class:`wire.errors.MalformedError` for anything else.
 """
 
 from __future__ import annotations
@@ -28,6 +40,9 @@ from typing import Any
 
 import attrs
 
+from broker.cluster import claims
+from broker.cluster.subject_runs import MAX_TIMESTAMP
+from broker.core.auth import Permissions
 from broker.core.retention import (
     FRAME,
     GROUP,
@@ -36,26 +51,36 @@ from broker.core.retention import (
     TIMESTAMP,
     Entry,
     RetentionStore,
+    view,
 )
+from broker.core.router import STAR
 from broker.store import Store
 from broker.store.retained_query import (
     QUERY_LIMIT,
     Answer,
     LatestTable,
+    Visible,
     _limit,
     _source_ts,
     run_query,
     run_store_query,
 )
 from wire import eventer as w
+from wire.errors import MalformedError, ProtocolError
 from wire.eventer.messages import query_params_from_sbs, query_params_to_sbs
 
 SERVER = 7
 # One entry on the wire: server, session, instance, timestamp, delivered, and
 # the lengths of frame, group and instance name, then those bytes.
 _ENTRY = struct.Struct("<QQQdQIII")
-# First byte of an answer: 1 when the broker had more than it sent.
+# First byte of an answer: 1 when the broker had more than it sent; then
+# the answering broker's server id.
 _MORE = b"\x01"
+_SERVER = struct.Struct("<Q")
+# Bytes of a query request at most (a query is a few patterns and bounds).
+MAX_REQUEST = 64 * 1024
+# An lname at most (a request names the asking client's).
+MAX_LNAME = 256
 # Room left in a NATS message for its subject, reply and headers.
 PAYLOAD_MARGIN = 1024
 
@@ -77,46 +102,88 @@ def remote_params(params: w.QueryParams) -> w.QueryParams:
     return params
 
 
-def encode_request(params: w.QueryParams) -> bytes:
-    return json.dumps({"query": query_params_to_sbs(remote_params(params))}).encode()
+@attrs.frozen
+class Request:
+    """A query from another broker: what, for whom (claim) and to whom (lname)."""
+
+    params: w.QueryParams
+    claim: bytes
+    lname: bytes
 
 
-def decode_request(payload: bytes) -> w.QueryParams:
-    """Raises ValueError for anything that is not a request this module wrote."""
+def encode_request(params: w.QueryParams, claim: bytes = claims.ANONYMOUS,
+                   lname: bytes = b"") -> bytes:
+    return json.dumps({"query": query_params_to_sbs(remote_params(params)),
+                       "user": claim.decode(), "lname": lname.decode(errors="replace")}).encode()
+
+
+def decode_request(payload: bytes) -> Request:
+    """MalformedError for anything that is not a request this module writes
+    (a request without ``user`` is anonymous)."""
+    if len(payload) > MAX_REQUEST:
+        raise MalformedError(f"cluster query of {len(payload)} bytes (at most {MAX_REQUEST})")
     try:
-        return query_params_from_sbs(json.loads(payload)["query"])
-    except (KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
-        raise ValueError(f"bad cluster query: {exc!r}") from None
+        fields = json.loads(payload)
+        params = query_params_from_sbs(fields["query"])
+        claim = fields.get("user", claims.ANONYMOUS.decode())
+        lname = fields.get("lname", "")
+        if type(claim) is not str or type(lname) is not str or len(lname) > MAX_LNAME:
+            raise TypeError("user and lname must be short strings")
+        return Request(params, claims.check(claim.encode()), lname.encode())
+    except ProtocolError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
+            OverflowError, UnicodeError) as exc:
+        raise MalformedError(f"bad cluster query: {exc!r}") from None
 
 
-# This broker's own answer to a query (no permission filter: the asker applies it).
-LocalQuery = Callable[[w.QueryParams], Answer]
+# This broker's own answer to a query, with the asking client's filter
+# (None: it may read everything).
+LocalQuery = Callable[[w.QueryParams, Visible], Answer]
 
 
 def local_query(store: RetentionStore | Store, latest: LatestTable | None,
                 server_id: int) -> LocalQuery:
     """Queries over this broker's store: the durable one, or the in-memory ring."""
     if isinstance(store, Store):
-        return lambda params: run_store_query(params, store, server_id)
+        return lambda params, visible=None: run_store_query(params, store, server_id, visible)
 
-    def ring(params: w.QueryParams) -> Answer:
+    def ring(params: w.QueryParams, visible: Visible = None) -> Answer:
         if latest is None and isinstance(params, w.QueryLatestParams):
             return Answer([], False)  # no Eventer listener here: no latest table
-        return run_query(params, store, latest, server_id)  # type: ignore[arg-type]
+        return run_query(params, store, latest, server_id, visible)  # type: ignore[arg-type]
 
     return ring
 
 
-def local_answer(params: w.QueryParams, local: LocalQuery, server_id: int) -> Gathered:
-    """This broker's own events for ``params``, with its server id."""
-    answer = local(remote_params(params))
+def visible_to(perms: Permissions | None, lname: bytes) -> Visible:
+    """What a client with ``perms`` and ``lname`` may read of retained events
+    (the rule of :meth:`Router.may_read`, for a client of another broker)."""
+    if perms is None:
+        return None
+
+    def visible(entry: Entry) -> bool:
+        header = view(entry).header
+        to = header[b"to"]
+        return perms.may_subscribe(header[b"group"]) and (
+            to == STAR or (bool(lname) and to == lname) or perms.promisc)
+
+    return visible
+
+
+def local_answer(params: w.QueryParams, local: LocalQuery, server_id: int,
+                 visible: Visible = None) -> Gathered:
+    """This broker's own events for ``params`` (those ``visible`` lets through),
+    with its server id."""
+    answer = local(remote_params(params), visible)
     return Gathered([(*e, server_id) for e in answer.entries], answer.more_follows)
 
 
-def encode_answer(answer: Gathered, max_bytes: int) -> bytes:
-    """The answer in at most ``max_bytes``; entries that do not fit are left out (more)."""
-    parts = []
-    size = 1
+def encode_answer(answer: Gathered, max_bytes: int, server_id: int) -> bytes:
+    """The answer of broker ``server_id`` in at most ``max_bytes``; entries that
+    do not fit are left out (more)."""
+    parts = [_SERVER.pack(server_id)]
+    size = 1 + _SERVER.size
     more = answer.more_follows
     for e in answer.entries:
         frame, group, name = e[FRAME], e[GROUP], e[6]
@@ -130,27 +197,31 @@ def encode_answer(answer: Gathered, max_bytes: int) -> bytes:
     return (_MORE if more else b"\x00") + b"".join(parts)
 
 
-def decode_answer(data: bytes) -> Gathered:
-    """Raises ValueError for bytes that are not an answer :func:`encode_answer` wrote."""
-    if not data or data[:1] not in (b"\x00", _MORE):
-        raise ValueError("bad cluster answer")
+def decode_answer(data: bytes) -> tuple[int, Gathered]:
+    """(answering server id, its answer); MalformedError for bytes that are not
+    an answer :func:`encode_answer` writes, or that hold another broker's events."""
+    if len(data) < 1 + _SERVER.size or data[:1] not in (b"\x00", _MORE):
+        raise MalformedError("bad cluster answer")
+    (answering,) = _SERVER.unpack_from(data, 1)
     entries = []
-    at = 1
+    at = 1 + _SERVER.size
     view = memoryview(data)
     while at < len(data):
         if at + _ENTRY.size > len(data):
-            raise ValueError("truncated cluster answer")
+            raise MalformedError("truncated cluster answer")
         server, session, instance, ts, delivered, nf, ng, ni = _ENTRY.unpack_from(view, at)
         at += _ENTRY.size
         end = at + nf + ng + ni
         if end > len(data):
-            raise ValueError("truncated cluster answer")
+            raise MalformedError("truncated cluster answer")
+        if server != answering or not (0.0 <= ts <= MAX_TIMESTAMP):
+            raise MalformedError("cluster answer with another broker's event or a bad timestamp")
         frame = bytes(view[at:at + nf])
         group = bytes(view[at + nf:at + nf + ng])
         name = bytes(view[at + nf + ng:end])
         at = end
         entries.append((session, instance, ts, frame, delivered, group, name, server))
-    return Gathered(entries, data[:1] == _MORE)
+    return answering, Gathered(entries, data[:1] == _MORE)
 
 
 def _event_id(e: Sequence[Any]) -> tuple[int, int, int]:

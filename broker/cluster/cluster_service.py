@@ -7,26 +7,30 @@ While running: a reader routes every message from NATS to local endpoints
 (one routing batch per received chunk; paused while local consumers are
 congested, as a publisher's connection is); a writer sends what the backplane
 queued (all of it in one write); a heartbeat announces this broker, so
-``stats`` and ``/metrics`` can show the brokers seen.  When NATS goes away
+``stats`` and ``/metrics`` can show the brokers seen; interest messages
+are applied by a task of their own (bounded backlog, one message per
+turn), off the reader that routes; queries from other brokers are answered
+at most QUERY_BURST per read (bounded backlog).  Every subject a broker publishes on
+names it (:mod:`broker.cluster.subjects`), and everything read from NATS
+is checked as untrusted input (BROKER-SPEC section 8).  When NATS goes away
 the broker keeps routing locally, counts what it cannot forward, and
 reconnects with capped exponential backoff, re-sending its subscriptions.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
+from collections import deque
 from functools import partial
 
 import trio
 
 from broker.cluster import cluster_query as cq
-from broker.cluster import interest
+from broker.cluster import peers, subjects
 from broker.cluster.backplane import Backplane
 from broker.cluster.link import (
     DEFAULT_MAX_PAYLOAD,
-    QUERY_SUBJECT,
     ClusterLink,
     ClusterStatus,
 )
@@ -49,12 +53,22 @@ log = logging.getLogger(__name__)
 RECV_SIZE = 256 * 1024
 # Seconds to open TCP and complete CONNECT/PING/PONG with one NATS server.
 CONNECT_TIMEOUT = 5.0
-ID_SUBJECT = b"skc.id.%d"
-HEARTBEAT_SUBJECT = b"skc.hb"
 # Control subscriptions use sids outside the backplane's numeric range.
 SID_ID, SID_HB, SID_INBOX = b"id", b"hb", b"inbox"
 SID_QUERY, SID_ANSWERS = b"query", b"answers"
-SID_INTEREST = b"interest"
+SID_INTEREST, SID_PING = b"interest", b"ping"
+# Interest messages waiting for the interest task.  Past it the oldest
+# sender's interest is forgotten (counted as malformed; everything is then
+# published to it until its next full set): a flood of them must never
+# hold memory or the reader.
+INTEREST_BACKLOG = 256
+# Queries from other brokers waiting to be answered (an answer reads the
+# store: milliseconds each).  Past it a query is answered empty at once and
+# counted (queries_refused).
+QUERY_BACKLOG = 32
+# Queries answered per read from NATS at most (the rest wait for the next
+# reads): a flood of queries costs each read a bounded amount of work.
+QUERY_BURST = 4
 # Seconds between two log lines about malformed messages from NATS: anyone
 # who can publish on the cluster's subjects can send them at will, so the
 # log gets the first of each interval and the counter gets every one.
@@ -145,7 +159,8 @@ async def _id_in_use(link: _Link, server_id: int, timeout: float) -> bool:
     """Ask the cluster whether a broker already answers for ``server_id``."""
     inbox = b"_INBOX." + secrets.token_hex(8).encode()
     await link.stream.send_all(
-        nats.sub(inbox, SID_INBOX) + nats.pub(ID_SUBJECT % server_id, b"", inbox) + nats.PING
+        nats.sub(inbox, SID_INBOX)
+        + nats.pub(subjects.control(subjects.ID_PROBE, server_id), b"", inbox) + nats.PING
     )
     with trio.move_on_after(timeout):
         while True:
@@ -165,6 +180,7 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         MALFORMED_LOG_INTERVAL)
     queue = OutQueue(cfg.queue_limit)
     link_state = ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat, queue=queue)
+    link_state.auth = lambda: ctx.router.auth
     ctx.router.stats_sections["cluster"] = ctx.cluster.stats
 
     def forward(data: bytes) -> bool:
@@ -222,11 +238,12 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
     grace = ctx.config.broker.slow_consumer_grace
     queue.take_all()  # what was queued for the previous connection is gone with it
     await link.stream.send_all(
-        nats.sub(ID_SUBJECT % server_id, SID_ID)
-        + nats.sub(HEARTBEAT_SUBJECT, SID_HB)
-        + nats.sub(QUERY_SUBJECT, SID_QUERY)
+        nats.sub(subjects.control(subjects.ID_PROBE, server_id), SID_ID)
+        + nats.sub(subjects.HEARTBEAT + b"*", SID_HB)
+        + nats.sub(subjects.QUERY + b"*", SID_QUERY)
+        + nats.sub(subjects.PING + b"*", SID_PING)
         + nats.sub(state.inbox + b"*", SID_ANSWERS)
-        + nats.sub(interest.SUBJECT, SID_INTEREST)
+        + nats.sub(subjects.INTEREST + b"*", SID_INTEREST)
         + b"".join(backplane.resubscribe())
     )
     status.up = True
@@ -237,12 +254,49 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
     backplane.connected(trio.current_time())
 
     async def heartbeat() -> None:
-        body = json.dumps({"server": server_id}).encode()
+        body = peers.encode_hello(server_id, status.boot)
+        subject = subjects.control(subjects.HEARTBEAT, server_id)
         while True:
-            queue.push(nats.pub(HEARTBEAT_SUBJECT, body))
+            queue.push(nats.pub(subject, body))
             await trio.sleep(cfg.heartbeat)
-            backplane.remote.tick(trio.current_time())
+            now = trio.current_time()
+            backplane.remote.tick(now)
+            status.peers.forget(now, 3 * cfg.heartbeat)
+            if backplane.remote.busy:
+                arrived.set()  # a forgotten broker's counts to undo
             backplane.announce()  # the full set, with each heartbeat (before it)
+
+    # Interest messages, applied one per turn by their own task.
+    remote = backplane.remote
+    backlog: deque[nats.Msg] = deque()
+    arrived = trio.Event()
+
+    async def apply_interest() -> None:
+        nonlocal arrived
+        while True:
+            await arrived.wait()
+            arrived = trio.Event()
+            while backlog or remote.busy:
+                if backlog:
+                    msg = backlog.popleft()
+                    backplane.interest_received(msg.payload, trio.current_time(), msg.subject)
+                remote.work()  # bounded steps, other tasks in between
+                await trio.sleep(0)
+
+    queries: deque[nats.Msg] = deque()
+
+    def query_arrived(msg: nats.Msg) -> None:
+        if len(queries) >= QUERY_BACKLOG:
+            state.answer(None, msg, refused=True)
+            return
+        queries.append(msg)
+
+    def interest_arrived(msg: nats.Msg) -> None:
+        if len(backlog) >= INTEREST_BACKLOG:
+            lost = backlog.popleft()
+            backplane.interest_lost(lost.subject, trio.current_time())
+        backlog.append(msg)
+        arrived.set()
 
     async with trio.open_nursery() as nursery:
         # With the router: what a routing slice queues for NATS (the backplane
@@ -251,6 +305,7 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
         nursery.start_soon(partial(write_loop, link.stream, queue, done_when_empty=_never,
                                    router=router))
         nursery.start_soon(heartbeat)
+        nursery.start_soon(apply_interest)
         while True:
             events = await link.events()
             # Routed like a client's read: one batch, direct writes after it.
@@ -260,13 +315,15 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                     if isinstance(ev, nats.Msg):
                         sid = ev.sid
                         if sid == SID_HB:
-                            _heard(status, backplane, ev.payload)
+                            state.heard(ev.subject, ev.payload)
                         elif sid == SID_INTEREST:
-                            backplane.interest_received(ev.payload, trio.current_time())
+                            interest_arrived(ev)
                         elif sid == SID_ANSWERS:
                             state.answered(ev)
                         elif sid == SID_QUERY:
-                            state.answer(_local_query(ctx), ev)
+                            query_arrived(ev)
+                        elif sid == SID_PING:
+                            state.pinged(ev)
                         elif sid == SID_ID:
                             if ev.reply:
                                 queue.push(nats.pub(ev.reply, b"%d" % server_id))
@@ -276,6 +333,13 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
                         queue.push(nats.PONG)
                     elif isinstance(ev, nats.Err):
                         log.warning("cluster: NATS error: %s", ev.message)
+                # Queries from other brokers: at most QUERY_BURST per read
+                # (each reads the store); the rest wait, bounded, for the
+                # next reads (a heartbeat brings one at least every
+                # heartbeat).  Answered inside the routing slice, as the
+                # store's view must include this batch.
+                for _ in range(min(len(queries), QUERY_BURST)):
+                    state.answer(_local_query(ctx), queries.popleft())
             finally:
                 close_slice(router, writes)
             if router.congested:
@@ -290,17 +354,6 @@ async def _run_link(ctx: BrokerContext, link: _Link, state: ClusterLink,
 
 def _never() -> bool:
     return False
-
-
-def _heard(status: ClusterStatus, backplane: Backplane, payload: bytes) -> None:
-    try:
-        server = int(json.loads(payload)["server"])
-    except (ValueError, KeyError, TypeError, RecursionError):
-        return
-    if server != status.server_id:
-        now = trio.current_time()
-        status.seen[server] = now
-        backplane.remote.heard(server, now)
 
 
 def _local_query(ctx: BrokerContext) -> cq.LocalQuery | None:

@@ -17,15 +17,20 @@ from typing import Any
 import attrs
 import trio
 
+from broker.cluster import claims, peers, subjects
 from broker.cluster import cluster_query as cq
 from broker.cluster.backplane import Backplane
+from broker.cluster.peers import Peers, new_boot
+from broker.core.auth import Authenticator, Principal
 from broker.core.queue import OutQueue
 from wire import nats
+from wire.errors import MalformedError, ProtocolError
 
 log = logging.getLogger(__name__)
 
-# Eventer queries asked of every broker; answers come to the asker's inbox.
-QUERY_SUBJECT = b"skc.query"
+# Seconds between two pings (a broker asking who is alive): heartbeats of
+# ever new server ids (forged) must not make it ping without end.
+PING_INTERVAL = 0.2
 # Seconds a cluster query waits for the brokers seen to answer; then it
 # answers with what it has (a broker that died since its last heartbeat
 # must not stall every query).  A NATS round trip on a LAN takes well
@@ -43,12 +48,14 @@ class ClusterStatus:
     up: bool = False
     url: str = ""
     connects: int = 0
-    # server id -> trio time of its last heartbeat
-    seen: dict[int, float] = attrs.Factory(dict)
+    # The other brokers: heard, and proved alive (broker.cluster.peers).
+    peers: Peers = attrs.field(default=attrs.Factory(
+        lambda self: Peers(self.server_id), takes_self=True))
+    boot: str = attrs.Factory(new_boot)
 
     def brokers_seen(self, now: float, heartbeat: float) -> list[int]:
-        return sorted([self.server_id, *(s for s, t in self.seen.items()
-                                         if now - t < 3 * heartbeat)])
+        """This broker and the others heard within three heartbeats that proved alive."""
+        return sorted([self.server_id, *self.peers.alive(now, 3 * heartbeat)])
 
 
 @attrs.define(eq=False)
@@ -69,31 +76,45 @@ class ClusterLink:
     pending: dict[bytes, list[Any]] = attrs.Factory(dict)
     queries: int = 0
     query_timeouts: int = 0
+    # Queries from other brokers whose user claim this broker grants nothing.
+    queries_refused: int = 0
+    pings: int = 0
+    _last_ping: float = -PING_INTERVAL
+    # This broker's users (the answering side's permissions); set by the service.
+    auth: Callable[[], Authenticator] | None = None
 
     def up(self) -> bool:
         return self.status.up
 
     def query(self, params: Any, local: cq.LocalQuery,
-              done: Callable[[list[tuple], bool], None]) -> None:
+              done: Callable[[list[tuple], bool], None],
+              principal: Principal | None = None, lname: bytes = b"") -> None:
         """Answer an Eventer query from every broker: ``done(entries, more_follows)``
-        is called once, with entries carrying their server id (broker.cluster.cluster_query)."""
+        is called once, with entries carrying their server id (broker.cluster.cluster_query).
+        ``principal`` and ``lname``: the asking client (the other brokers answer
+        with what their configuration of its user may read)."""
         own = cq.local_answer(params, local, self.status.server_id)
         assert self.nursery is not None
-        self.nursery.start_soon(self._answer_when_gathered, params, own, done)
+        self.nursery.start_soon(self._answer_when_gathered, params, own, done,
+                                _asker(principal, lname))
 
     async def _answer_when_gathered(self, params: Any, own: cq.Gathered,
-                                    done: Callable[[list[tuple], bool], None]) -> None:
-        merged = await self._gather(params, own)
+                                    done: Callable[[list[tuple], bool], None],
+                                    asker: tuple[bytes, bytes]) -> None:
+        merged = cq.merge(params, await self._answers(params, own, asker))
         done(merged.entries, merged.more_follows)
 
-    async def gather(self, params: Any, local: cq.LocalQuery) -> cq.Gathered:
+    async def gather(self, params: Any, local: cq.LocalQuery,
+                     principal: Principal | None = None, lname: bytes = b"") -> cq.Gathered:
         """Every broker's answer to an Eventer query, merged (broker.cluster.cluster_query)."""
-        return await self._gather(params, cq.local_answer(params, local,
-                                                          self.status.server_id))
+        return cq.merge(params, await self._answers(
+            params, cq.local_answer(params, local, self.status.server_id),
+            _asker(principal, lname)))
 
     async def replay(self, last: Any, timestamp: float,
                      patterns: tuple[tuple[str, ...], ...],
-                     local: cq.LocalQuery) -> AsyncIterator[list[tuple]]:
+                     local: cq.LocalQuery, principal: Principal | None = None,
+                     lname: bytes = b"") -> AsyncIterator[list[tuple]]:
         """The events of a cluster-wide Mariner replay after ``last`` (whose
         timestamp is ``timestamp``), page by page from every broker, each page
         in (timestamp, EventId) order, with no cap (broker.cluster.cluster_query.ReplayPager).
@@ -102,67 +123,154 @@ class ClusterLink:
         while not pager.done:
             params = pager.params()
             answers = await self._answers(params, cq.local_answer(
-                params, local, self.status.server_id))
+                params, local, self.status.server_id), _asker(principal, lname))
             yield pager.take(answers)
         if pager.gap:
             log.warning("cluster: replay after %r stopped at %r: a broker keeps more than "
                         "%d events with one timestamp, or one too large for NATS",
                         last, pager.cursor, cq.QUERY_LIMIT)
 
-    async def _gather(self, params: Any, own: cq.Gathered) -> cq.Gathered:
-        return cq.merge(params, await self._answers(params, own))
-
-    async def _answers(self, params: Any, own: cq.Gathered) -> list[cq.Gathered]:
-        """Every broker's answer to ``params``: ours, then those that came in time."""
+    async def _answers(self, params: Any, own: cq.Gathered,
+                       asker: tuple[bytes, bytes]) -> list[cq.Gathered]:
+        """Every broker's answer to ``params``: ours, then those that came in
+        time from the brokers that proved alive (one answer each)."""
         answers = [own]
-        expected = len(self.brokers()) - 1
-        if expected > 0 and self.status.up and self.queue is not None:
+        expected = set(self.peers_alive())
+        if expected and self.status.up and self.queue is not None:
             self.queries += 1
-            reply = self.inbox + b"%d" % self.queries
+            reply = self.inbox + b"q%d" % self.queries
             state: list[Any] = [expected, answers, trio.Event()]
             self.pending[reply] = state
             try:
-                self.queue.push(nats.pub(QUERY_SUBJECT, cq.encode_request(params), reply))
+                self.queue.push(nats.pub(subjects.control(subjects.QUERY, self.status.server_id),
+                                         cq.encode_request(params, *asker), reply))
                 with trio.move_on_after(QUERY_TIMEOUT) as scope:
                     await state[2].wait()
                 if scope.cancelled_caught:
                     self.query_timeouts += 1
+                    # Not waited for again until they answer a ping.
+                    self.status.peers.missed(state[0])
                     log.warning("cluster: query answered by %d of %d brokers within %.1f s",
-                                len(answers) - 1, expected, QUERY_TIMEOUT)
+                                len(answers) - 1, len(answers) - 1 + len(state[0]),
+                                QUERY_TIMEOUT)
             finally:
                 del self.pending[reply]
         return answers
 
     def answered(self, msg: nats.Msg) -> None:
-        """An answer to one of our queries arrived (reader task)."""
+        """An answer to one of our queries or pings arrived (reader task)."""
+        if msg.subject.startswith(self.inbox + b"p"):
+            self._pinged(msg)
+            return
         state = self.pending.get(msg.subject)
         if state is None:
             return  # too late: that query has answered already
         try:
-            state[1].append(cq.decode_answer(msg.payload))
-        except ValueError as exc:
+            server, answer = cq.decode_answer(msg.payload)
+        except ProtocolError as exc:
             self.backplane.count_malformed(
                 f"bad query answer on {msg.subject.decode(errors='replace')}: {exc}")
-        state[0] -= 1
-        if state[0] <= 0:
+            return
+        if server not in state[0]:
+            return  # not asked, or answered already: one answer per broker
+        state[0].discard(server)
+        state[1].append(answer)
+        if not state[0]:
             state[2].set()
 
-    def answer(self, local: cq.LocalQuery | None, msg: nats.Msg) -> None:
+    def answer(self, local: cq.LocalQuery | None, msg: nats.Msg, refused: bool = False) -> None:
         """Another broker asks a query: answer with ``local`` (this broker's own
-        store; None: it retains nothing) (reader task)."""
+        store; None: it retains nothing), and only with what this broker's
+        configuration of the asking user may read (``refused``: answer empty,
+        counted: too many queries are waiting)."""
         if not msg.reply or self.queue is None:
             return
+        asker = subjects.control_sender(msg.subject, subjects.QUERY)
         try:
-            params = cq.decode_request(msg.payload)
-        except ValueError as exc:
+            if asker is None:
+                raise MalformedError("query on a subject that names no broker")
+            request = cq.decode_request(msg.payload)
+        except ProtocolError as exc:
             self.backplane.count_malformed(f"bad query request: {exc}")
             return
-        if local is None:
+        lname = request.lname
+        if lname and not subjects.owns(lname, b"%d" % asker):
+            self.backplane.count_forged(f"query from broker {asker} for "
+                                        f"{lname.decode(errors='replace')!r}, not its client")
+            return
+        perms = claims.permissions(request.claim, self.auth() if self.auth else Authenticator(),
+                                   query=True)
+        if refused:
+            self.queries_refused += 1
+            found = cq.Gathered([], True)
+        elif perms is claims.NOTHING:
+            self.queries_refused += 1
+            log.info("cluster: query from broker %d for user %s refused: this broker grants "
+                     "that user nothing", asker, claims.name(request.claim))
+            found = cq.Gathered([], False)
+        elif local is None:
             found = cq.Gathered([], False)
         else:
-            found = cq.local_answer(params, local, self.status.server_id)
+            found = cq.local_answer(request.params, local, self.status.server_id,
+                                    cq.visible_to(perms, lname))
         self.queue.push(nats.pub(msg.reply, cq.encode_answer(
-            found, self.max_payload - cq.PAYLOAD_MARGIN)))
+            found, self.max_payload - cq.PAYLOAD_MARGIN, self.status.server_id)))
+
+    # ---- who is alive ---------------------------------------------------------
+
+    def peers_alive(self) -> list[int]:
+        return self.status.peers.alive(trio.current_time(), 3 * self.heartbeat)
+
+    def heard(self, subject: bytes, payload: bytes) -> None:
+        """A heartbeat (reader task): checked, bounded, and a ping when a broker
+        is new or restarted."""
+        backplane, status = self.backplane, self.status
+        named = subjects.control_sender(subject, subjects.HEARTBEAT)
+        try:
+            if named is None:
+                raise MalformedError("heartbeat on a subject that names no broker")
+            server, boot = peers.decode_hello(payload)
+        except ProtocolError as exc:
+            backplane.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
+            return
+        if server != named:
+            backplane.count_forged(f"{subject.decode(errors='replace')}: heartbeat of "
+                                   f"broker {server}")
+            return
+        if server == status.server_id:
+            return
+        now = trio.current_time()
+        verdict = status.peers.heard(server, boot, now, 3 * self.heartbeat)
+        if verdict == peers.REFUSED:
+            return
+        if verdict == peers.RESTARTED:
+            backplane.peer_restarted(server, now)
+        backplane.remote.heard(server, now)
+        if verdict != peers.KNOWN or not status.peers.is_proven(server):
+            self.ping(now)
+
+    def ping(self, now: float) -> None:
+        """Ask every broker to prove it is alive (at most once per PING_INTERVAL)."""
+        if now - self._last_ping < PING_INTERVAL or self.queue is None:
+            return
+        self._last_ping = now
+        self.pings += 1
+        self.queue.push(nats.pub(subjects.control(subjects.PING, self.status.server_id), b"",
+                                 self.inbox + b"p%d" % self.pings))
+
+    def pinged(self, msg: nats.Msg) -> None:
+        """Another broker asks who is alive: say who we are (reader task)."""
+        if msg.reply and self.queue is not None:
+            self.queue.push(nats.pub(msg.reply, peers.encode_hello(self.status.server_id,
+                                                                   self.status.boot)))
+
+    def _pinged(self, msg: nats.Msg) -> None:
+        try:
+            server, boot = peers.decode_hello(msg.payload)
+        except ProtocolError as exc:
+            self.backplane.count_malformed(f"bad ping answer: {exc}")
+            return
+        self.status.peers.proved(server, boot)
 
     def brokers(self) -> list[int]:
         """Server ids of the brokers seen, this one included."""
@@ -189,4 +297,16 @@ class ClusterLink:
             "interest": bp.remote.state,
             "duplicates": bp.duplicates,
             "malformed": bp.malformed,
+            "forged": bp.forged,
+            "refused": bp.refused,
+            "oversized_in": bp.oversized_in,
+            "peers_refused": status.peers.refused,
+            "interest_refused": bp.remote.refused,
+            "hellos_deferred": bp.hellos_deferred,
+            "queries_refused": self.queries_refused,
         }
+
+
+def _asker(principal: Principal | None, lname: bytes) -> tuple[bytes, bytes]:
+    """The claim and lname a query carries for the asking client."""
+    return claims.claim(principal), lname

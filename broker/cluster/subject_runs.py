@@ -2,12 +2,19 @@
 
 A run is one NATS message (HPUB/HMSG) carrying consecutive messages of one
 routing batch that share a subject: the same origin session, instances in
-sequence.  Its header block names the origin,
-``Skan-Run: server session first-instance count``; its payload is the
+sequence, one sender's user.  Its header block names the origin and the
+user claim (:mod:`broker.cluster.claims`),
+``Skan-Run: server session first-instance count claim``; its payload is the
 count's timestamps (8-byte little-endian IEEE 754 doubles, exact both ways)
 followed by the Skan frames, unchanged (each carries its own length).
 Message i of the run has EventId (server, session, first + i) and
 timestamp i.  A lone message is a run of one.
+
+Decoding is bounded and strict (NATS input is untrusted): every number is
+at most 19 digits and below 2**63 (Hat's int64 EventId parts), the count is
+at least 1 and no more than the payload can hold, every timestamp is finite
+and within [0, 2**49); anything else is a
+:class:`wire.errors.MalformedError`.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
+from broker.cluster import claims
 from wire import nats
+from wire.errors import LimitError, MalformedError
 from wire.skan.codec import PURE_PYTHON
 from wire.skan.framing import split_frames
 
@@ -29,7 +38,7 @@ if TYPE_CHECKING:
 # malformed instead of misreading them; every broker of a cluster must run
 # the same release.)
 ORIGIN_HEADER = b"Skan-Run"
-_HEADER = b"NATS/1.0\r\nSkan-Run: %d %d %d %d\r\n\r\n"
+_HEADER = b"NATS/1.0\r\nSkan-Run: %d %d %d %d %s\r\n\r\n"
 _ORIGIN_AT = len(b"NATS/1.0\r\nSkan-Run: ")
 _HPUB = b"HPUB %s %d %d\r\n"
 _CRLF = b"\r\n"
@@ -41,44 +50,64 @@ STAMP = 8  # bytes of one timestamp in a run's payload
 # one run on the receiving broker well under a millisecond.  A larger frame
 # travels as a run of one.
 RUN_BYTES = 64 * 1024
-# Room for a run's HPUB header block ("Skan-Run" and four numbers of at
-# most 20 digits): a frame that does not fit max_payload with it is dropped.
-HEADER_ROOM = 128
+# Room for a run's HPUB header block ("Skan-Run", four numbers of at most
+# 20 digits and the user claim): a frame that does not fit max_payload with
+# it is dropped.
+HEADER_ROOM = 128 + claims.MAX_CLAIM
+# Largest number a run header may carry (EventId parts are Hat's int64).
+INT64_LIMIT = 2**63
+# Timestamps a run may carry: seconds since the epoch, finite, below 2**49
+# (a forged 1e308, inf or NaN would break every reader downstream).  Checked
+# on the bytes, in one C call per run: a little-endian double is in
+# [0, 2**49) exactly when its top byte (sign and the high exponent bits) is
+# at most 0x42 (so -0.0 is refused too).
+MAX_TIMESTAMP = 2.0**49
+_STAMP_TOP_OK = bytes(range(0x43))
+# Smallest Skan frame: its 4-byte length prefix and the 4-byte magic.
+MIN_FRAME = 8
 
 
-def parse_origin(headers: bytes) -> tuple[int, int, int, int]:
-    """(server, session, first instance, count) from a run's header block."""
+def parse_origin(headers: bytes) -> tuple[int, int, int, int, bytes]:
+    """(server, session, first instance, count, user claim) from a run's header
+    block; MalformedError when it is not one :func:`encode_run` writes."""
     if headers.startswith(_HEADER[:_ORIGIN_AT]):
         value = headers[_ORIGIN_AT:headers.find(b"\r", _ORIGIN_AT)]
     else:
         found = nats.parse_headers(headers).get(ORIGIN_HEADER)
         if found is None:
-            raise ValueError("message without Skan-Run header")
+            raise MalformedError("message without Skan-Run header")
         value = found
     parts = value.split()
-    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 20 for p in parts):
-        raise ValueError("bad Skan-Run header")
-    server, session, first, count = map(int, parts)
-    if count < 1:
-        raise ValueError("bad Skan-Run header")
-    return server, session, first, count
+    if len(parts) != 5 or not all(p.isdigit() and len(p) <= 19 for p in parts[:4]):
+        raise MalformedError("bad Skan-Run header")
+    server, session, first, count = map(int, parts[:4])
+    if count < 1 or max(server, session, first + count) >= INT64_LIMIT:
+        raise MalformedError("bad Skan-Run header (a number out of range)")
+    return server, session, first, count, claims.check(parts[4])
 
 
-def unpack_run(msg: nats.Msg) -> tuple[int, int, int, tuple[float, ...], list[bytes]]:
-    """(server, session, first instance, timestamps, frames) of one run from NATS;
-    ValueError (or a ProtocolError) when it is not a well-formed run."""
+def unpack_run(msg: nats.Msg, max_frame: int
+               ) -> tuple[int, int, int, tuple[float, ...], list[bytes], bytes]:
+    """(server, session, first instance, timestamps, frames, user claim) of one
+    run from NATS; MalformedError when it is not a well-formed run, LimitError
+    when a frame is over ``max_frame`` (as a client's frame would be)."""
     if msg.headers is None:
-        raise ValueError("message without Skan-Run header")
-    server, session, first, count = parse_origin(msg.headers)
+        raise MalformedError("message without Skan-Run header")
+    server, session, first, count, claim = parse_origin(msg.headers)
     payload = msg.payload
     at = STAMP * count
-    if len(payload) < at:
-        raise ValueError("run shorter than its timestamps")
+    if len(payload) < (STAMP + MIN_FRAME) * count:
+        raise MalformedError(f"run of {count} messages shorter than {count} timestamps and frames")
+    if payload[STAMP - 1:at:STAMP].translate(None, _STAMP_TOP_OK):
+        raise MalformedError("run with a timestamp out of range (negative, not finite, "
+                             "or past 2**49)")
     stamps = struct.unpack_from(f"<{count}d", payload)
-    frames, stop, bad, _need = split_frames(payload, at, len(payload))
+    frames, stop, bad, _need = split_frames(payload, at, max_frame)
+    if bad > max_frame and stop + 4 + bad <= len(payload):
+        raise LimitError(f"run holds a frame of {bad} bytes, over max_frame ({max_frame})")
     if bad >= 0 or stop != len(payload) or len(frames) != count:
-        raise ValueError(f"run of {count} messages does not hold {count} Skan frames")
-    return server, session, first, stamps, frames
+        raise MalformedError(f"run of {count} messages does not hold {count} Skan frames")
+    return server, session, first, stamps, frames, claim
 
 
 def pack_stamps(stamps: list[float]) -> bytes:
@@ -87,10 +116,12 @@ def pack_stamps(stamps: list[float]) -> bytes:
 
 
 def encode_run(subject: bytes, server: int, session: int, first: int,
-               stamps: bytes, frames: list[bytes], size: int) -> list[bytes]:
+               stamps: bytes, frames: list[bytes], size: int,
+               claim: bytes = claims.FULL) -> list[bytes]:
     """The parts of one run's HPUB (``stamps``: the frames' timestamps packed by
-    :func:`pack_stamps`; ``size``: the frames' bytes plus timestamps)."""
-    block = _HEADER % (server, session, first, len(frames))
+    :func:`pack_stamps`; ``size``: the frames' bytes plus timestamps; ``claim``:
+    the sender's user, :mod:`broker.cluster.claims`)."""
+    block = _HEADER % (server, session, first, len(frames), claim)
     hlen = len(block)
     return [_HPUB % (subject, hlen, hlen + size), block, stamps, *frames, _CRLF]
 
@@ -105,6 +136,7 @@ def encode_run(subject: bytes, server: int, session: int, first: int,
 # other on random batches.
 
 _SERVER = attrgetter("server")
+_SENDER = attrgetter("sender")
 _HEADER_OF = attrgetter("header")
 _FRAME = attrgetter("frame")
 _TIMESTAMP = attrgetter("timestamp")
@@ -115,7 +147,8 @@ def batch_key_py(batch: list[Routed], server: int) -> tuple[bytes, bytes, bytes,
     """(group, instance, to, one run) when every message of a non-empty batch
     entered broker ``server`` and has that routing key (to the subject's
     precision: the reply flag is not part of it); ``one run``: one session,
-    consecutive instances.  None for any other batch."""
+    consecutive instances, one sender (a run carries one user claim).  None
+    for any other batch."""
     if list(map(_SERVER, batch)).count(server) != len(batch):
         return None
     keys = list(map(_KEY, map(_HEADER_OF, batch)))
@@ -123,7 +156,9 @@ def batch_key_py(batch: list[Routed], server: int) -> tuple[bytes, bytes, bytes,
     if keys.count(key) != len(keys):
         return None
     head, last = batch[0], batch[-1]
-    one_run = last.session == head.session and last.instance - head.instance == len(batch) - 1
+    senders = list(map(_SENDER, batch))
+    one_run = (senders.count(head.sender) == len(batch) and last.session == head.session
+               and last.instance - head.instance == len(batch) - 1)
     return (*key, one_run)
 
 

@@ -1,6 +1,13 @@
 """NATS subjects for routed Skan messages, and the interest a broker subscribes to.
 
-A routed message travels on ``sk.<group>.<instance>.<dest>``:
+A routed message travels on ``sk.<server>.<group>.<instance>.<dest>``:
+
+- ``<server>`` is the server id of the broker that publishes it (the
+  broker the message entered).  A broker publishes only on subjects that
+  name it: NATS permissions can then give each broker's user
+  ``sk.<own id>.>`` and nothing else of ``sk.``, and a receiving broker
+  accepts a run only if its origin and every frame's ``from`` name that
+  same broker (BROKER-SPEC section 8, "What a broker believes from NATS").
 
 - ``<group>`` and ``<instance>`` are escaped tokens: bytes outside
   ``[A-Za-z0-9_-]`` become ``%XX``, so a token never holds NATS's
@@ -13,6 +20,7 @@ A routed message travels on ``sk.<group>.<instance>.<dest>``:
   message directed to an lname owned by that broker, ``x`` for one directed
   to an lname no broker of the cluster owns (kept for promisc subscribers).
 
+Interest subscriptions take every publisher (``sk.*.<group>.>``).
 Interest is aggregated per group (one NATS subscription per group with
 local subscribers, not one per instance: NATS route interest exchange is
 what falls over with hundreds of thousands of subscriptions), plus one
@@ -34,6 +42,10 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _ESCAPED = [bytes([b]) if b in _SAFE else b"%%%02X" % b for b in range(256)]
 # Host part of a cluster lname: ``HOST/SERVER_ID`` (BROKER-SPEC section 7).
 LNAME_SERVER_SEP = b"/"
+# Server ids, sessions and instances are EventId parts: Hat's int64, so
+# never more than 19 decimal digits on the wire (and below 2**63).
+MAX_SERVER_DIGITS = 19
+INT64_LIMIT = 2**63
 
 
 def escape(token: bytes) -> bytes:
@@ -58,24 +70,72 @@ def owner(lname: bytes) -> bytes | None:
     return server if server.isdigit() else None
 
 
-def message_subject(group: bytes, instance: bytes, to: bytes) -> bytes:
+def owns(lname: bytes, server: bytes) -> bool:
+    """Whether ``lname`` is an lname of broker ``server`` (its id as decimal
+    bytes): host part ``HOST/<server>``.  The receiving broker's check that a
+    frame speaks for the broker that published it, once per run."""
+    cut = len(lname) - len(server) - 1
+    return (lname.endswith(server) and lname[cut:cut + 1] == LNAME_SERVER_SEP
+            and lname.rfind(b"@", 0, cut) >= 0)
+
+
+def message_subject(server: int, group: bytes, instance: bytes, to: bytes) -> bytes:
+    """The subject broker ``server`` publishes a message of (group, instance, to) on."""
     if to == b"*":
         dest = BROADCAST
     else:
-        server = owner(to)
-        dest = b"b" + server if server is not None else UNOWNED
-    return b"%s%s.%s.%s" % (PREFIX, escape(group), escape(instance), dest)
+        target = owner(to)
+        dest = b"b" + target if target is not None else UNOWNED
+    return b"%s%d.%s.%s.%s" % (PREFIX, server, escape(group), escape(instance), dest)
+
+
+def publisher(subject: bytes) -> bytes | None:
+    """The server id token of a message subject (``sk.<server>.``), None if it has none."""
+    end = subject.find(b".", len(PREFIX))
+    if end < 0 or not subject.startswith(PREFIX):
+        return None
+    server = subject[len(PREFIX):end]
+    return server if server.isdigit() and len(server) <= MAX_SERVER_DIGITS else None
 
 
 def group_interest(group: bytes) -> bytes:
-    """Everything on ``group``: broadcasts and directed (promisc and patterns need them)."""
-    return PREFIX + escape(group) + b".>"
+    """Everything on ``group`` from any broker: broadcasts and directed (promisc
+    and patterns need them)."""
+    return PREFIX + b"*." + escape(group) + b".>"
 
 
 def own_interest(server_id: int) -> bytes:
     """Everything directed to this broker's clients, on any group (replies need it)."""
-    return PREFIX + b"*.*.b%d" % server_id
+    return PREFIX + b"*.*.*.b%d" % server_id
+
+
+def own_subjects(server_id: int) -> bytes:
+    """What broker ``server_id`` publishes its messages on (for NATS permissions)."""
+    return PREFIX + b"%d.>" % server_id
 
 
 # Every message: a Hat pattern whose first segment is a wildcard may take any group.
 ALL_INTEREST = PREFIX + b">"
+
+# Control subjects (broker/cluster/cluster_service.py), one per publishing broker
+# (``<prefix><server id>``); each broker subscribes to ``<prefix>*``.
+HEARTBEAT = b"skc.hb."
+INTEREST = b"skc.int."
+QUERY = b"skc.query."
+# Who is alive: a broker asks with a reply subject, every live broker answers.
+PING = b"skc.ping."
+# Start-up: is this server id taken?  (Asked and answered by that id only.)
+ID_PROBE = b"skc.id."
+
+
+def control(prefix: bytes, server_id: int) -> bytes:
+    return prefix + b"%d" % server_id
+
+
+def control_sender(subject: bytes, prefix: bytes) -> int | None:
+    """The server id a control subject names (None: not one of ``prefix``)."""
+    token = subject[len(prefix):]
+    if not subject.startswith(prefix) or not token.isdigit() or len(token) > MAX_SERVER_DIGITS:
+        return None
+    server = int(token)
+    return server if server < INT64_LIMIT else None

@@ -5,6 +5,10 @@ and the connection's writer task (see :mod:`broker.serving.transport`) coalesces
 everything queued into one ``send_all``.  When a push would exceed the
 queue's byte limit, the slow-consumer policy applies: ``disconnect`` (the
 default) closes that connection, ``drop`` discards the frame; both counted.
+``messages_out`` counts what entered a queue and was not discarded: a frame
+that did not fit, or that a slow-consumer disconnect threw away with the
+queue, is taken back out of it (the hot path stays one increment; only the
+failure paths correct it).
 """
 
 from __future__ import annotations
@@ -137,6 +141,9 @@ class QueuedEndpoint(Endpoint):
         self.congested_since: float | None = None
         self.drained: Any = None
         self.kill: Callable[[str], None] = self._detach_only
+        # Frames and bytes discarded from the queue by a slow-consumer
+        # disconnect (never sent; the transport logs them).
+        self.unsent = (0, 0)
 
     def _detach_only(self, reason: str) -> None:
         self.closing = reason
@@ -204,7 +211,29 @@ class QueuedEndpoint(Endpoint):
             counters.dropped += messages
         else:
             counters.slow_consumer_disconnects += 1
+            # What is queued will never be sent: it leaves messages_out (counted
+            # when routed), and the memory goes now, not when the task ends.
+            q = self.queue
+            frames, nbytes = len(q.items), q.size
+            q.items = []
+            q.size = 0
+            self.unsent = (frames, nbytes)
+            frames += self.held_messages()
+            self.msgs_out -= frames
+            self.bytes_out -= nbytes
+            counters.msgs_out -= frames
+            counters.bytes_out -= nbytes
             self.kill(CloseReason.SLOW_CONSUMER)
+
+    def held_messages(self) -> int:
+        """Messages counted out but held outside the queue (adapters that hold some)."""
+        return 0
+
+    def not_sent(self, nbytes: int) -> None:
+        """A delivery the router counted did not enter the queue (full, or closed)."""
+        counters = self.router.counters
+        counters.msgs_out -= 1
+        counters.bytes_out -= nbytes
 
     def enqueue(self, data: bytes) -> bool:
         """Queue bytes for the writer, applying the slow-consumer policy when full."""
@@ -220,9 +249,13 @@ class QueuedEndpoint(Endpoint):
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         data = self.encode_delivery(frame, routed)
-        if data is not None and self.enqueue(data):
+        if data is None:
+            return
+        if self.enqueue(data):
             self.msgs_out += 1
             self.bytes_out += len(data)
+        else:
+            self.not_sent(len(frame))
 
     def send_control(self, message: dict[str, Any]) -> None:
         self.enqueue(self.encode_control(message))

@@ -314,7 +314,9 @@ class Router:
         self.max_frame = max_frame
         self.started = clock()
         self.counters = Counters()
-        self._new_lname = _LnameFactory(hostname)
+        # lnames carry HOST/SERVER_ID (section 7): the broker owning one is known.
+        self._new_lname = _LnameFactory(
+            hostname or f"{socket.gethostname() or 'localhost'}/{server_id}")
         self.endpoints: dict[bytes, Endpoint] = {}
         # group -> instance -> {endpoint: subtype}
         self._subs: dict[bytes, dict[bytes, dict[Endpoint, int]]] = {}

@@ -380,12 +380,15 @@ class BrokerCollector(Collector):
         """The cluster view (section 8); every series exists, at 0, without a cluster."""
         link = ctx.cluster
         up = seen = sent = received = drops = duplicates = withheld = malformed = 0
+        forged = refused = oversized = peers_refused = queries_refused = 0
         if link is not None:
             bp = link.backplane
             up = int(link.status.up)
             seen = len(link.brokers())
             sent, received, drops, duplicates = bp.sent, bp.received, bp.drops, bp.duplicates
             withheld, malformed = bp.withheld, bp.malformed
+            forged, refused, oversized = bp.forged, bp.refused, bp.oversized_in
+            peers_refused, queries_refused = link.status.peers.refused, link.queries_refused
         yield _gauge("skan_cluster_up", "1 while the broker is connected to its NATS backplane.",
                      up)
         yield _gauge("skan_cluster_brokers_seen",
@@ -409,6 +412,21 @@ class BrokerCollector(Collector):
         yield _counter("skan_backplane_malformed",
                        "Messages from the backplane that could not be decoded, dropped.",
                        malformed)
+        # Section 8, "What a broker believes from NATS".
+        yield _counter("skan_backplane_forged",
+                       "Messages from the backplane that spoke for another broker than the one "
+                       "whose subject they came on (origin or a frame's from), refused.", forged)
+        yield _counter("skan_backplane_refused",
+                       "Messages from the backplane that the user they claim may not send on "
+                       "this broker (its [[users]]), refused.", refused)
+        yield _counter("skan_backplane_oversized_in",
+                       "Runs from the backplane holding a frame over max_frame, refused.",
+                       oversized)
+        yield _counter("skan_cluster_peers_refused",
+                       "Heartbeats of brokers beyond the bound on peers, ignored.", peers_refused)
+        yield _counter("skan_cluster_queries_refused",
+                       "Queries from other brokers for a user this broker grants nothing "
+                       "(answered empty).", queries_refused)
 
 
 def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:

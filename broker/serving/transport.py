@@ -57,6 +57,42 @@ ACCEPT_CAPACITY_ERRNOS = frozenset(
 ACCEPT_RETRY = 0.1
 # Seconds between two log lines about failing accepts (one listener).
 ACCEPT_LOG_INTERVAL = 10.0
+# Slow-consumer disconnects logged one line each, at most this many per
+# interval: 10 stuck subscribers are 10 lines, a stampede of thousands is
+# not thousands (the held-back ones are counted in the next line, and
+# every one in slow_consumer_disconnects).
+SLOW_LOG_BURST = 20
+SLOW_LOG_INTERVAL = 10.0
+
+
+class SlowConsumerLog:
+    """One line per slow-consumer disconnect, at most SLOW_LOG_BURST per interval."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.window = -INF
+        self.lines = 0
+        self.held_back = 0
+
+    def __call__(self, ep: QueuedEndpoint) -> None:
+        now = self.clock()
+        if now - self.window >= SLOW_LOG_INTERVAL:
+            self.window, self.lines = now, 0
+        if self.lines >= SLOW_LOG_BURST:
+            self.held_back += 1
+            return
+        self.lines += 1
+        frames, nbytes = ep.unsent
+        more = ""
+        if self.held_back:
+            more = f" ({self.held_back} more not logged before this one)"
+            self.held_back = 0
+        log.warning("%s %s: disconnected as a slow consumer: its queue held %d frames "
+                    "(%d bytes; queue_limit %d), discarded unsent%s", ep.protocol,
+                    ep.lname.decode(errors="replace"), frames, nbytes, ep.queue.limit, more)
+
+
+slow_consumer_log = SlowConsumerLog()
 # Seconds a refused connection gets to receive its refusal before it is closed.
 REFUSAL_SEND_TIMEOUT = 1.0
 
@@ -352,6 +388,8 @@ async def run_connection(
             ep.closing = reason
         router.detach(ep, reason)
         conn_scope.cancel()
+        if reason == CloseReason.SLOW_CONSUMER:
+            slow_consumer_log(ep)
 
     def stop() -> None:
         ep.closing = ep.closing or CloseReason.SHUTDOWN

@@ -16,7 +16,10 @@ Layout (docs/store.md has the full description):
 
 Opening never empties anything: a directory whose database lacks the
 marker, carries another schema version or fails SQLite's own check is
-refused with :class:`StoreError` naming the path and the reason.
+refused with :class:`StoreError` naming the path and the reason; so is a
+store missing a file (the WAL after an unclean stop, the main file beside
+its WAL), found by cross-checking the database with the state file
+(broker/store/state.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,33 @@ import logging
 import os
 import sqlite3
 import time
+import urllib.parse
+
+from broker.store.state import (
+    STATE_NAME,
+    DbFacts,
+    StateError,
+    StoreState,
+    check,
+    new_store_id,
+    read_state,
+    state_path,
+    wal_present,
+    write_state,
+)
 
 DB_NAME = "store.sqlite3"
 MAGIC = "skan-broker event store"
 SCHEMA_VERSION = 1
+# The files SQLite keeps beside the database (WAL mode; -journal only if a
+# tool switched the store out of WAL mode).
+SIDE_FILES = ("-wal", "-shm", "-journal")
+# Sessions reserved ahead of use.  The ceiling is committed before sessions
+# below it are handed out, so a restart (even after SIGKILL or a clock
+# stepped back) continues above every session issued before.  A broker
+# routes far fewer than 10^6 batches a second, so one reservation lasts
+# minutes; each costs nothing but a gap in the numbering at a restart.
+SESSION_LEASE = 1_000_000_000
 
 log = logging.getLogger(__name__)
 
@@ -134,54 +160,178 @@ def connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def open_store(directory: str, *, verify: bool = True) -> sqlite3.Connection:
+def open_store(directory: str, *, verify: bool = True
+               ) -> tuple[sqlite3.Connection, StoreState | None]:
     """Open (or create) the store in ``directory`` and verify it; raises :class:`StoreError`.
 
-    ``verify=False``: the caller knows it was just verified (the writer
-    process, started by a broker that opened and checked the store itself):
-    no second quick_check, which is linear in the file's size.
+    Returns the connection and the state file as found (None when there was
+    none).  Nothing is written before every check has passed: a refused
+    store is left exactly as it was (the checks read a database without its
+    WAL through SQLite's ``immutable`` mode, which creates no file).
+
+    ``verify=False``: the caller knows the store was just opened and checked
+    (the writer process, started by a broker that did all of this itself
+    and has marked the store running): no second check (quick_check is
+    linear in the file's size), no state file read.
     """
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise StoreError(directory, f"cannot create the directory: {exc.strerror}") from None
     path = os.path.join(directory, DB_NAME)
-    fresh = not os.path.exists(path)
-    if fresh:
-        foreign = sorted(n for n in os.listdir(directory) if not n.startswith(DB_NAME))
-        if foreign:
-            # Someone else's files: never write a database among them.
-            raise StoreError(directory, "not a broker store: the directory holds other files "
-                             f"({', '.join(foreign[:5])}) and no {DB_NAME}")
+    if not verify:
+        try:
+            return connect(path), None
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(path, f"damaged or not a database: {exc}") from None
     try:
-        if fresh:
-            conn = connect(path)
-            _create(conn)
-        elif not verify:
-            conn = connect(path)
-        else:
-            # Check before anything is written: switching a foreign database
-            # to WAL would already change its file.  (Reading replays our own
-            # WAL after a crash: SQLite's recovery, nothing is lost.)
+        state = read_state(directory)
+    except StateError as exc:
+        raise StoreError(state_path(directory), f"{exc}. Restore it; or, if the database is "
+                         "complete, remove it and the broker recreates it from the database"
+                         ) from None
+    if not os.path.exists(path):
+        return _open_new(directory, path, state), state
+    wal = wal_present(path)
+    try:
+        # Check before anything is written: switching a foreign database
+        # to WAL would already change its file.  (Reading replays our own
+        # WAL after a crash: SQLite's recovery, nothing is lost.)
+        if wal:
             conn = sqlite3.connect(path, isolation_level=None)
+        else:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?immutable=1", uri=True,
+                                   isolation_level=None)
+        try:
             try:
                 _verify(conn, path)
-            finally:
-                conn.close()
-            conn = connect(path)
-            _upgrade_indexes(conn, path)
+            except StoreError:
+                if wal or state is None or state.clean:
+                    raise
+                # Created in the run that was killed: the main file holds
+                # nothing yet (not even the tables), everything was in the WAL.
+                raise StoreError(path, f"its WAL {path}-wal is missing but the broker did not "
+                                 "stop cleanly, and the main file holds no store without it "
+                                 f"(everything was in the WAL). Restore {DB_NAME}-wal; or, to "
+                                 f"start a new empty store, remove {DB_NAME} and {DB_NAME}-shm "
+                                 f"and keep {STATE_NAME} (sessions continue above the old "
+                                 "store's)") from None
+            facts = _facts(conn)
+        finally:
+            conn.close()
+        reason = check(path, directory, facts, state, wal)
+        if reason is not None:
+            raise StoreError(path, reason)
+        if state is None and facts.store_id is not None:
+            log.warning("store %s: the state file %s is missing; recreated from the database "
+                        "(%s)", path, STATE_NAME,
+                        "its WAL is present" if wal else "it says it was stopped cleanly")
+        conn = connect(path)
+        _upgrade_indexes(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(path, f"damaged or not a database: {exc}") from None
+    return conn, state
+
+
+def _open_new(directory: str, path: str, state: StoreState | None) -> sqlite3.Connection:
+    """A new store where there is no database: refused if other files, or its WAL, are there."""
+    left = sorted(n for n in os.listdir(directory)
+                  if n.startswith(DB_NAME) and n[len(DB_NAME):] in SIDE_FILES)
+    if left:
+        raise StoreError(path, f"missing, but {', '.join(left)} {'is' if len(left) == 1 else 'are'}"
+                         " there: the main file was lost (starting on what is left would lose "
+                         f"committed events). Restore {DB_NAME}; or, to start a new empty store, "
+                         f"remove {', '.join(left)} and keep {STATE_NAME} (sessions continue "
+                         "above the old store's)")
+    ours = {DB_NAME, STATE_NAME, STATE_NAME + ".tmp"}
+    foreign = sorted(n for n in os.listdir(directory) if n not in ours)
+    if foreign:
+        # Someone else's files: never write a database among them.
+        raise StoreError(directory, "not a broker store: the directory holds other files "
+                         f"({', '.join(foreign[:5])}) and no {DB_NAME}")
+    try:
+        conn = connect(path)
+        _create(conn, ceiling=0 if state is None else state.session_ceiling)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(path, f"cannot create: {exc}") from None
+    if state is not None:
+        log.warning("store %s: no database files, but %s is there: started a new, empty "
+                    "store; sessions continue above %d (the old store's ceiling)", path,
+                    STATE_NAME, state.session_ceiling)
     return conn
 
 
-def _create(conn: sqlite3.Connection) -> None:
+def _facts(conn: sqlite3.Connection) -> DbFacts:
+    meta = read_meta(conn)
+    clean = meta.get("clean")
+    store_id = meta.get("store_id")
+    return DbFacts(store_id=store_id if isinstance(store_id, str) else None,
+                   session_ceiling=int(meta["session_ceiling"]),
+                   clean=None if clean is None else bool(clean))
+
+
+def accept_store(directory: str) -> str:
+    """``skan-broker accept-store DIR``: take the database as it is (the operator's decision).
+
+    For a store refused because a file is missing (its WAL, its state
+    file) or older than the state file: marks the database clean, moves
+    its session ceiling above every ceiling known (the database's, the
+    state file's) plus one lease, and writes a state file that matches.
+    The broker must be stopped.  Returns what it did, for the operator.
+    """
+    path = os.path.join(directory, DB_NAME)
+    if not os.path.exists(path):
+        raise StoreError(path, f"missing: there is no database to accept. Restore it; or, to "
+                         "start a new empty store, remove the -wal and -shm files beside it "
+                         f"and keep {STATE_NAME}")
+    try:
+        state = read_state(directory)
+        note = ""
+    except StateError as exc:
+        state, note = None, f"; the state file was unreadable ({exc}) and is replaced"
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            _verify(conn, path)
+            facts = _facts(conn)
+        finally:
+            conn.close()
+        known = max(facts.session_ceiling, 0 if state is None else state.session_ceiling)
+        # One lease more: sessions a lost WAL recorded stay below it.
+        ceiling = known + SESSION_LEASE
+        store_id = facts.store_id or new_store_id()
+        conn = connect(path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [
+                ("session_ceiling", ceiling), ("store_id", store_id), ("clean", 1)])
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(path, f"damaged or not a database: {exc}") from None
+    write_state(directory, StoreState(store_id, ceiling, True))
+    return (f"store {path}: accepted as it is ({read_meta_count(path)} retained messages); "
+            f"sessions continue above {ceiling}{note}")
+
+
+def read_meta_count(path: str) -> int:
+    conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True)
+    try:
+        return int(read_meta(conn)["count"])
+    finally:
+        conn.close()
+
+
+def _create(conn: sqlite3.Connection, ceiling: int = 0) -> None:
     conn.execute("BEGIN")
     for statement in SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
     conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-        ("magic", MAGIC), ("schema_version", SCHEMA_VERSION), ("session_ceiling", 0),
+        ("magic", MAGIC), ("schema_version", SCHEMA_VERSION), ("session_ceiling", ceiling),
+        ("store_id", new_store_id()), ("clean", 0),
         ("count", 0), ("bytes", 0), ("evicted", 0), ("evicted_session", None),
         ("evicted_instance", None),
     ])

@@ -50,10 +50,14 @@ from broker.store.carry import SpoolCarry
 from broker.store.db import (
     BUSY_TIMEOUT_MS,
     DB_NAME,
+    SESSION_LEASE,
+    StoreError,
+    new_store_id,
     open_store,
     read_meta,
 )
 from broker.store.heap import trim
+from broker.store.state import StoreState, state_path, write_state
 from wire.hattime import split_timestamp
 
 log = logging.getLogger(__name__)
@@ -81,12 +85,8 @@ MAX_TXN_BYTES = 32 * 1024 * 1024
 TRIM_BYTES = 32 * 1024 * 1024
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
-# Sessions reserved ahead of use.  The ceiling is committed before sessions
-# below it are handed out, so a restart (even after SIGKILL or a clock
-# stepped back) continues above every session issued before.  A broker
-# routes far fewer than 10^6 batches a second, so one reservation lasts
-# minutes; each costs nothing but a gap in the numbering at a restart.
-SESSION_LEASE = 1_000_000_000
+# SESSION_LEASE (sessions reserved ahead of use) lives in broker/store/db.py
+# with the rest of the session counter's rules (state file: state.py).
 
 Report = tuple[tuple[int, int], bool]
 
@@ -335,7 +335,7 @@ class StoreWriter:
         self.spool_max_bytes = spool_max_bytes
         self.clock = clock
         self.stats = StoreStats()
-        self._conn = open_store(directory, verify=verify)
+        self._conn, _ = open_store(directory, verify=verify)
         # SQLite's own checkpoint once the WAL holds wal_bytes of pages, and
         # the WAL file cut back to wal_bytes when it restarts (_keep_wal_small
         # truncates it when a reader kept the automatic one from finishing).
@@ -351,6 +351,12 @@ class StoreWriter:
         # (session, instance) of the newest evicted message (replay gaps).
         self.evicted_upto: tuple[int, int] | None = None if es is None else (int(es), int(ei))
         self._ceiling = int(meta["session_ceiling"])
+        # The store's identity, in the database and the state file (a store
+        # written before state files existed gets one at start_session).
+        self.store_id = str(meta.get("store_id") or new_store_id())
+        # The ceiling the state file records (written by start_session and
+        # by the writer when it raises the ceiling).
+        self._state_ceiling = -1
         self._max_session = 0
         # The types in the latest table (bounded by size) and its update counter.
         self._latest_keys: set[tuple[bytes, bytes]] = set(
@@ -381,6 +387,7 @@ class StoreWriter:
         # up to"), so the next one awaited covers everything before it.
         self.reports_wanted: Callable[[], bool] = lambda: bool(self.on_report)
         self._last_log = -LOG_INTERVAL
+        self._failing = False  # the last commit failed (writer thread)
         self._last_spool_log = -LOG_INTERVAL
         self._router: Router | None = None  # attach: flush() takes its open batch
 
@@ -394,9 +401,25 @@ class StoreWriter:
         start = max(clock_session, self._ceiling)
         self._ceiling = start + SESSION_LEASE
         self._max_session = start
-        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'session_ceiling'",
-                           (self._ceiling,))
+        # One transaction: the new ceiling, and "not stopped cleanly" until
+        # close() says otherwise (a WAL missing then is noticed at open).
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [
+            ("session_ceiling", self._ceiling), ("store_id", self.store_id), ("clean", 0)])
+        self._conn.execute("COMMIT")
+        # Then the state file, before anything routes: it outlives the loss
+        # of any database file (broker/store/state.py).
+        try:
+            self._save_state(clean=False)
+        except OSError as exc:
+            raise StoreError(state_path(self.directory), f"cannot write: {exc.strerror}"
+                             ) from None
         return start
+
+    def _save_state(self, *, clean: bool) -> None:
+        ceiling = self._ceiling
+        write_state(self.directory, StoreState(self.store_id, ceiling, clean))
+        self._state_ceiling = ceiling
 
     def attach(self, router: Router) -> None:
         """Observe every routed message and continue the router's session numbering."""
@@ -431,11 +454,22 @@ class StoreWriter:
             if self._carry:
                 log.error("store %s: %d bridge spool operations of failed commits are lost at "
                           "close", self.path, len(self._carry))
+        clean = True
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("UPDATE meta SET value = 1 WHERE key = 'clean'")
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            clean = not busy
         except sqlite3.Error as exc:
+            clean = False
             log.warning("store %s: checkpoint at close failed: %s", self.path, exc)
         self._conn.close()
+        if clean:
+            # Only now: everything is in the main file.
+            try:
+                self._save_state(clean=True)
+            except OSError as exc:
+                log.warning("store %s: cannot mark the state file clean (%s); the next start "
+                            "checks the database as after a crash", self.path, exc.strerror)
 
     # ---- the hot path (trio thread) ------------------------------------------------
 
@@ -658,12 +692,19 @@ class StoreWriter:
                               self.stats.spool_lost)
             return
         self.count, self.bytes, self._ceiling = count, nbytes, ceiling
+        if ceiling != self._state_ceiling and self._state_ceiling >= 0:
+            self._raise_state_ceiling()
         self._latest_keys = latest_keys
         self._latest_seq = tx.order
         self._max_session = max_session
         if evicted != self.evicted:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
+        if self._failing:
+            self._failing = False
+            log.warning("store %s: writing again after %d failed commits (%d messages not "
+                        "persisted so far)", self.path, self.stats.failed_commits,
+                        self.stats.failed_events)
         self.stats.commits += 1
         self.stats.spool_retried += carried
         self.stats.events_written += new_events
@@ -794,11 +835,23 @@ class StoreWriter:
             (ceiling, "session_ceiling"),
         ])
 
+    def _raise_state_ceiling(self) -> None:
+        """The state file follows a raised ceiling (writer thread; rare, see SESSION_LEASE)."""
+        try:
+            self._save_state(clean=False)
+        except OSError as exc:
+            now = time.monotonic()
+            if now - self._last_log >= LOG_INTERVAL:
+                self._last_log = now
+                log.error("store %s: cannot update the state file (%s); sessions stay safe "
+                          "while the database files are intact", self.path, exc.strerror)
+
     def _rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("ROLLBACK")
 
     def _failed(self, n: int, exc: sqlite3.Error) -> None:
+        self._failing = True  # until a commit succeeds again (logged then)
         self.stats.failed_commits += 1
         self.stats.failed_events += n
         self.stats.last_error = str(exc)

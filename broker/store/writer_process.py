@@ -377,6 +377,10 @@ def child_main(args: dict, req_fd: int, rep_fd: int) -> None:
     writer = StoreWriter(args["directory"], size=args["size"], max_bytes=args["max_bytes"],
                          max_age=args["max_age"], flush_interval=args["flush_interval"],
                          spool_max_bytes=args["spool_max_bytes"], verify=False)
+    # The broker wrote the state file with the ceiling it committed
+    # (start_session); the writer here keeps it following the ceiling it
+    # raises, and marks it clean after the final checkpoint (close()).
+    writer._state_ceiling = writer._ceiling
     _send(rep_fd, _state(writer, writer._taken_bytes, []))
     while True:
         try:

@@ -18,3 +18,7 @@ def spark():
     })
     yield session
     session.stop()
+    # Spark's own output went to a temporary file (analytics.session): leave none behind.
+    log = getattr(session, "skan_jvm_log", None)
+    if log and os.path.exists(log):
+        os.unlink(log)

@@ -5,7 +5,7 @@ as a fresh NATS connection does; without it every broker publishes everything)."
 
 from __future__ import annotations
 
-from broker.cluster import interest
+from broker.cluster import subjects
 from broker.cluster.backplane import Backplane
 from wire import nats
 
@@ -69,11 +69,11 @@ class FakeNats:
                     elif op == b"HPUB":
                         self.published += 1
                         self._publish(i, args[0], body, int(args[-2]))
-                    elif op == b"PUB" and args[0] == interest.SUBJECT:
+                    elif op == b"PUB" and args[0].startswith(subjects.INTEREST):
                         self.interest_messages += 1
                         for j, other in enumerate(self.backplanes):
                             if j != i:  # echo off
-                                other.interest_received(body, 0.0)
+                                other.interest_received(body, 0.0, args[0])
 
     def _publish(self, origin: int, subject: bytes, body: bytes, hlen: int) -> None:
         for j, bp in enumerate(self.backplanes):

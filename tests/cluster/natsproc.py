@@ -119,18 +119,19 @@ def _routes(node: NatsNode) -> int:
 
 
 def cluster_broker(server_id: int, *urls: str, extra: str = "",
-                   args: tuple[str, ...] = (), workdir: pathlib.Path | None = None
-                   ) -> BrokerProcess:
+                   args: tuple[str, ...] = (), workdir: pathlib.Path | None = None,
+                   cluster: str = "") -> BrokerProcess:
     """A broker with ``server_id`` on the NATS ``urls``, quick to reconnect and to start.
 
     ``extra`` is TOML placed right after ``[broker] server_id``: more
-    ``[broker]`` keys, or whole sections of their own.
+    ``[broker]`` keys, or whole sections of their own; ``cluster``: more
+    ``[cluster]`` keys (credentials).
     """
     url = ", ".join(f'"{u}"' for u in urls)
     return BrokerProcess(
         f"[broker]\nserver_id = {server_id}\n{extra}[cluster]\nurl = [{url}]\n"
         "backoff_initial = 0.05\nbackoff_max = 0.5\nid_probe_timeout = 0.3\n"
-        "heartbeat = 0.2\n", args=args, workdir=workdir,
+        f"heartbeat = 0.2\n{cluster}", args=args, workdir=workdir,
     )
 
 
@@ -158,3 +159,17 @@ async def send_until_received(pub: SkanClient, sub: SkanClient, group: str, text
             with trio.move_on_after(poll):
                 assert (await sub.receive()).msg == text.encode()
                 return
+
+
+def permissions_conf(brokers: dict[int, str], others: str = "") -> str:
+    """A nats-server configuration giving broker ``id`` (user ``broker-<id>``,
+    password ``brokers[id]``) publish rights on its own subjects only
+    (docs/cluster.md, "Per-broker NATS permissions"); ``others``: more user
+    entries."""
+    users = "\n".join(
+        f"""    {{user: "broker-{sid}", password: "{pw}", permissions: {{
+      publish: {{allow: ["sk.{sid}.>", "skc.*.{sid}"]}}
+      subscribe: {{allow: ["sk.>", "skc.>", "_INBOX.>"]}}
+      allow_responses: true
+    }}}}""" for sid, pw in brokers.items())
+    return f"authorization {{\n  users = [\n{users}\n{others}  ]\n}}\n"

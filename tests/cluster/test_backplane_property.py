@@ -134,7 +134,7 @@ def test_batched_sends_deliver_what_one_router_delivers(ops_list):
 def test_overlapping_subscriptions_deliver_once():
     # A client subscribed to its group on broker 2, receiving a message directed
     # to it from broker 1: NATS matches both the group subject and the
-    # directed-to-broker-2 subject; the high-water mark drops the second copy.
+    # directed-to-broker-2 subject; the dedupe window drops the second copy.
     ops_list = [("sub", 1, b"g", b"1", b"normal"), ("send", 0, b"g", b"1", 1, False)]
     log = run(ops_list, 2)
     assert sum(log.values()) == 1
@@ -150,8 +150,8 @@ def test_event_id_and_timestamp_are_the_origins():
     fake = FakeNats(backplanes)
     fake.pump()
     pub, sub = Recorder(Counter(), 0), Recorder(Counter(), 1)
-    attach_as(routers[0], pub, lname(0, 0))
-    attach_as(routers[1], sub, lname(1, 1))
+    attach_as(routers[0], pub, lname(0, 6))  # an lname of broker 7: it speaks for 7
+    attach_as(routers[1], sub, lname(1, 8))
     routers[1].subscribe(sub, b"g", b"*", NORMAL)
     routers[1].observers.append(seen.extend)
     fake.pump()

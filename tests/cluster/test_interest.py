@@ -15,6 +15,7 @@ from broker.cluster.interest import Announcer, RemoteInterest, escape, unescape
 from broker.core.router import NORMAL, PROMISC, Router
 from tests.cluster.fakenats import FakeNats
 from tests.cluster.test_backplane_property import Recorder, attach_as, lname
+from wire.errors import ProtocolError
 from wire.skan import decode_header, encode_frame
 
 BLIND, EXPIRE = 2.0, 3.0
@@ -29,7 +30,7 @@ def test_tokens_round_trip(group):
 
 @pytest.mark.parametrize("token", [b"a%4", b"a%zz", b"a b", b"a.b", b"%4a"])
 def test_bad_tokens_are_refused(token):
-    with pytest.raises(ValueError):
+    with pytest.raises(ProtocolError):
         unescape(token)
 
 
@@ -106,7 +107,7 @@ def test_hello_asks_for_an_answer_and_malformed_is_refused():
     assert remote.receive(hello, 0.0) is True
     for bad in (b"", b"SKI x 1 full 0 1\n", b"SKI 2 9 + \ng\nh\n", b"SKI 2 10 full 3 1\n",
                 b"SKI 2 11 ? \ng\n", b"SKI 2 12 full 0 1\ng"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ProtocolError):
             remote.receive(bad, 0.0)
     assert remote.receive(hello, 0.0) is True  # recovers with the next full set
 
@@ -190,6 +191,7 @@ def test_a_broker_connecting_later_learns_the_others_interest():
     routers, bps, fake, clients, log = cluster()
     routers[0].subscribe(clients[0], b"g", b"*", NORMAL)
     fake.pump()
+    bps[0]._last_hello = -1.0  # (the fake NATS clock stands still)
     bps[1].connected(0.0)  # B reconnects: forgets, says hello; A answers
     fake.pump()
     assert bps[1].remote.wanted == {b"g"}

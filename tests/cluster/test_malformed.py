@@ -19,9 +19,9 @@ from wire.skan import encode_frame
 
 LOG_LINE = "malformed message from NATS"
 # A broadcast on group g: the subscriber's group interest is the broker's only
-# NATS subscription matching it (its own "sk.*.*.b1" would match a directed
-# one too, and NATS would deliver two copies).
-SUBJECT = b"sk.g.i._"
+# NATS subscription matching it (its own "sk.*.*.*.b1" would match a directed
+# one too, and NATS would deliver two copies).  Server 99 publishes it.
+SUBJECT = b"sk.99.g.i._"
 
 
 def frame(i: int) -> bytes:
@@ -32,7 +32,7 @@ def frame(i: int) -> bytes:
 def run(session: int, frames: list[bytes], count: int | None = None) -> bytes:
     """One HPUB of a run from server 99 (``count`` may lie about its length)."""
     n = len(frames) if count is None else count
-    block = b"NATS/1.0\r\nSkan-Run: 99 %d 1 %d\r\n\r\n" % (session, n)
+    block = b"NATS/1.0\r\nSkan-Run: 99 %d 1 %d *\r\n\r\n" % (session, n)
     stamps = struct.pack(f"<{len(frames)}d", *(1.5e9 + i for i in range(len(frames))))
     return nats.hpub(SUBJECT, block, stamps + b"".join(frames))
 
@@ -66,10 +66,10 @@ async def test_malformed_messages_are_counted_logged_once_and_skipped():
     bad = [
         nats.pub(SUBJECT, b"no header at all"),
         nats.hpub(SUBJECT, b"NATS/1.0\r\nOther: 1\r\n\r\n", b"x"),  # no Skan-Run
-        nats.hpub(SUBJECT, b"NATS/1.0\r\nSkan-Run: 99 x 1 1\r\n\r\n", b"x" * 8),
+        nats.hpub(SUBJECT, b"NATS/1.0\r\nSkan-Run: 99 x 1 1 *\r\n\r\n", b"x" * 8),
         run(1, [frame(1)], count=2),  # says two messages, holds one
         # a well-formed NATS message whose payload ends inside the Skan frame
-        nats.hpub(SUBJECT, b"NATS/1.0\r\nSkan-Run: 99 2 1 1\r\n\r\n",
+        nats.hpub(SUBJECT, b"NATS/1.0\r\nSkan-Run: 99 2 1 1 *\r\n\r\n",
                   struct.pack("<d", 1.5e9) + frame(1)[:-5]),
     ]
     with NatsCluster(1) as cluster:
@@ -96,4 +96,4 @@ async def test_malformed_messages_are_counted_logged_once_and_skipped():
     assert MALFORMED_LOG_INTERVAL >= 10
     lines = [line for line in broker.stderr_lines if LOG_LINE in line]
     assert len(lines) == 1, lines
-    assert "sk.g.i._" in lines[0]
+    assert "sk.99.g.i._" in lines[0]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from broker.cluster import claims
 from broker.cluster import cluster_query as cq
 from wire import eventer as w
+from wire.errors import MalformedError
 from wire.skan import encode_frame
 
 
@@ -56,29 +58,50 @@ def test_latest_keeps_the_newest_of_each_type_across_brokers():
 
 def test_remote_params_leave_paging_to_the_merge():
     params = w.QueryTimeseriesParams(max_results=3, last_event_id=w.EventId(1, 2, 3))
-    assert cq.decode_request(cq.encode_request(params)) == w.QueryTimeseriesParams()
+    assert cq.decode_request(cq.encode_request(params)).params == w.QueryTimeseriesParams()
     server = w.QueryServerParams(server_id=2, max_results=1, last_event_id=w.EventId(2, 1, 1))
-    assert cq.decode_request(cq.encode_request(server)) == w.QueryServerParams(
+    assert cq.decode_request(cq.encode_request(server)).params == w.QueryServerParams(
         server_id=2, last_event_id=w.EventId(2, 1, 1))
+
+
+def test_a_request_carries_the_asking_user_and_lname():
+    request = cq.decode_request(cq.encode_request(w.QueryLatestParams(), b"al%2Eice",
+                                                  b"5f_1@h/1"))
+    assert (request.claim, request.lname) == (b"al%2Eice", b"5f_1@h/1")
+    # No claim at all: anonymous (the answering broker gives what it gives anonymous).
+    bare = b'{"query": ["latest", {"eventTypes": ["none", null]}]}'
+    assert cq.decode_request(bare).claim == claims.ANONYMOUS
 
 
 def test_answer_round_trip_and_the_size_bound():
     answer = cq.Gathered(A + B, False)
-    assert cq.decode_answer(cq.encode_answer(answer, 1 << 20)) == answer
-    data = cq.encode_answer(answer, 300)
-    cut = cq.decode_answer(data)
-    assert len(data) <= 300 and cut.more_follows and cut.entries == (A + B)[:len(cut.entries)]
+    assert cq.decode_answer(cq.encode_answer(cq.Gathered(A, False), 1 << 20, 1)) == (
+        1, cq.Gathered(A, False))
+    answer = cq.Gathered(B, False)
+    data = cq.encode_answer(answer, 150, 2)
+    server, cut = cq.decode_answer(data)
+    assert server == 2
+    assert len(data) <= 150 and cut.more_follows and cut.entries == B[:len(cut.entries)]
 
 
-@pytest.mark.parametrize("data", [b"", b"\x02", b"\x00" + b"\x01" * 10,
-                                  cq.encode_answer(cq.Gathered(A, False), 1 << 20)[:-1]])
+@pytest.mark.parametrize("data", [
+    b"", b"\x02", b"\x00" + b"\x01" * 10,
+    cq.encode_answer(cq.Gathered(A, False), 1 << 20, 1)[:-1],
+    # broker 2 answering with an event of broker 1: refused
+    cq.encode_answer(cq.Gathered(A, False), 1 << 20, 2),
+])
 def test_malformed_answers_are_refused(data):
-    with pytest.raises(ValueError):
+    with pytest.raises(MalformedError):
         cq.decode_answer(data)
 
 
-@pytest.mark.parametrize("data", [b"", b"{}", b'{"query": 5}', b'{"query": ["latest"]}',
-                                  b'{"query": ["timeseries", {"order": ["sideways", null]}]}'])
+@pytest.mark.parametrize("data", [
+    b"", b"{}", b'{"query": 5}', b'{"query": ["latest"]}', b"[1e999]", b"[" * 100_000,
+    b'{"query": ["timeseries", {"order": ["sideways", null]}]}',
+    b'{"query": ["latest", {}], "user": 5}', b'{"query": ["latest", {}], "user": "a b"}',
+    b'{"query": ["latest", {}], "lname": "' + b"x" * 1000 + b'"}',
+    b'{"query": ["timeseries", {"tFrom": [1e999, 0]}]}',
+    b"x" * (cq.MAX_REQUEST + 1)])
 def test_malformed_requests_are_refused(data):
-    with pytest.raises(ValueError):
+    with pytest.raises(MalformedError):
         cq.decode_request(data)

@@ -45,7 +45,7 @@ def replay(stores: dict[int, RetentionStore], start: tuple[float, int, int, int]
     while not pager.done:
         params = pager.params()
         answers = [cq.decode_answer(cq.encode_answer(
-            cq.local_answer(params, cq.local_query(store, None, sid), sid), max_bytes))
+            cq.local_answer(params, cq.local_query(store, None, sid), sid), max_bytes, sid))[1]
             for sid, store in stores.items()]
         out += pager.take(answers)
         pages += 1

@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 import struct
 
+import pytest
+
 from broker.cluster.backplane import Backplane
 from broker.cluster.ratelog import RateLimitedLog
 from broker.cluster.subject_runs import RUN_BYTES, encode_run, pack_stamps, parse_origin, unpack_run
 from broker.core.router import NORMAL, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats, parse_commands
 from wire import nats
+from wire.errors import LimitError, MalformedError
 from wire.skan import decode_header, encode_frame
 
 
@@ -54,14 +57,48 @@ def hpubs(data: bytes) -> list[tuple[bytes, int]]:
 
 def test_run_round_trip_is_exact():
     frames = [encode_frame({"type": "send", "seq": str(i)}) for i in range(3)]
-    stamps = [1700000000.123456789, 5e-324, 1.7976931348623157e308]
+    stamps = [1700000000.123456789, 5e-324, 2.0**49 - 0.5]
     size = sum(map(len, frames)) + 8 * len(frames)
-    cmd = b"".join(encode_run(b"sk.g.1._", 4, 2**63, 7, pack_stamps(stamps), frames, size))
+    cmd = b"".join(encode_run(b"sk.4.g.1._", 4, 2**63 - 8, 7, pack_stamps(stamps), frames,
+                              size, b"al%2Eice"))
     [(op, args, body)] = parse_commands(cmd)
-    assert (op, args[0], int(args[-1])) == (b"HPUB", b"sk.g.1._", len(body))
+    assert (op, args[0], int(args[-1])) == (b"HPUB", b"sk.4.g.1._", len(body))
     hlen = int(args[-2])
     msg = nats.Msg(args[0], b"1", None, body[hlen:], body[:hlen])
-    assert unpack_run(msg) == (4, 2**63, 7, tuple(stamps), frames)
+    assert unpack_run(msg, 1 << 20) == (4, 2**63 - 8, 7, tuple(stamps), frames, b"al%2Eice")
+
+
+@pytest.mark.parametrize("stamp", [-1.0, -0.0, float("inf"), float("nan"), 1e300, 2.0**49])
+def test_a_run_with_a_timestamp_out_of_range_is_refused(stamp):
+    frame = encode_frame({"type": "send", "seq": "1"})
+    cmd = b"".join(encode_run(b"sk.4.g.1._", 4, 1, 1, pack_stamps([stamp]), [frame],
+                              len(frame) + 8))
+    [(_op, args, body)] = parse_commands(cmd)
+    hlen = int(args[-2])
+    with pytest.raises(MalformedError):
+        unpack_run(nats.Msg(args[0], b"1", None, body[hlen:], body[:hlen]), 1 << 20)
+
+
+@pytest.mark.parametrize("origin", [b"1 10000000000000000000 1 1 *", b"1 1 1 0 *",
+                                    b"1 1 9223372036854775807 1 *", b"1 1 1 1", b"1 1 1 1 a b",
+                                    b"1 1 1 1 %zz", b"-1 1 1 1 *", b"1 1 1 99999999 *"])
+def test_bad_run_headers_are_refused(origin):
+    msg = nats.Msg(b"sk.1.g.1._", b"1", None, b"\0" * 64, b"NATS/1.0\r\nSkan-Run: " + origin
+                   + b"\r\n\r\n")
+    with pytest.raises(MalformedError):
+        unpack_run(msg, 1 << 20)
+
+
+def test_a_frame_over_max_frame_is_refused():
+    frame = encode_frame({"type": "send", "seq": "1", "msg": b"x" * 1000})
+    cmd = b"".join(encode_run(b"sk.4.g.1._", 4, 1, 1, pack_stamps([1.0]), [frame],
+                              len(frame) + 8))
+    [(_op, args, body)] = parse_commands(cmd)
+    hlen = int(args[-2])
+    msg = nats.Msg(args[0], b"1", None, body[hlen:], body[:hlen])
+    assert unpack_run(msg, 1000 + 100)[4] == [frame]
+    with pytest.raises(LimitError):
+        unpack_run(msg, 1000)
 
 
 def test_a_chunk_travels_in_few_runs_and_arrives_in_order():
@@ -88,7 +125,7 @@ def test_a_mixed_batch_keeps_order_across_subjects():
     sent = [send(routers[0], pub, i, g, inst) for i, (g, inst) in enumerate(plan)]
     routers[0].end_batch()
     assert hpubs(b"".join(bps[0].pending)) == [
-        (b"sk.g.1._", 2), (b"sk.h.1._", 1), (b"sk.g.1._", 1), (b"sk.g.2._", 2)]
+        (b"sk.1.g.1._", 2), (b"sk.1.h.1._", 1), (b"sk.1.g.1._", 1), (b"sk.1.g.2._", 2)]
     fake.pump()
     assert [r.frame for r in sub.got] == [r.frame for r in sent]
 
@@ -100,7 +137,7 @@ def test_both_paths_write_the_same_bytes():
     batch = [send(routers[0], pub, i, size=i % 300) for i in range(1500)]
     fast: list[bytes] = []
     general: list[bytes] = []
-    assert bps[0]._one_run(batch, b"sk.g.1._", fast)
+    assert bps[0]._one_run(batch, b"sk.1.g.1._", fast)
     bps[0]._runs(batch, general, None)
     assert b"".join(fast) == b"".join(general) and len(fast) > 5
 
@@ -169,22 +206,23 @@ def test_rate_limited_log(caplog):
 
 def test_unpack_refuses_what_is_not_a_run():
     frame = encode_frame({"type": "send"})
-    block = b"NATS/1.0\r\nSkan-Run: 1 2 3 1\r\n\r\n"
+    block = b"NATS/1.0\r\nSkan-Run: 1 2 3 1 *\r\n\r\n"
     good = struct.pack("<d", 1.0) + frame
-    assert unpack_run(nats.Msg(b"s", b"1", None, good, block))[4] == [frame]
+    assert unpack_run(nats.Msg(b"s", b"1", None, good, block), 1 << 20)[4] == [frame]
     for headers, payload in [
         (None, good),
-        (b"NATS/1.0\r\nSkan-Run: 1 2 3 0\r\n\r\n", good),  # count 0
-        (b"NATS/1.0\r\nSkan-Run: 1 2 3 -1\r\n\r\n", good),
-        (b"NATS/1.0\r\nSkan-Run: 1 2 3\r\n\r\n", good),
-        (b"NATS/1.0\r\nSkan-Run: 1 2 3 2\r\n\r\n", good),  # one frame short
-        (b"NATS/1.0\r\nSkan-Run: 1 2 3 99999\r\n\r\n", good),  # shorter than its stamps
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 0 *\r\n\r\n", good),  # count 0
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 -1 *\r\n\r\n", good),
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 *\r\n\r\n", good),
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 1\r\n\r\n", good),  # no user claim
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 2 *\r\n\r\n", good),  # one frame short
+        (b"NATS/1.0\r\nSkan-Run: 1 2 3 99999 *\r\n\r\n", good),  # shorter than its stamps
         (block, good + b"\x00"),  # trailing byte
         (block, good[:-1]),
         (block, struct.pack("<d", 1.0) + b"\x00\x00\x00\x01"),  # frame shorter than magic
     ]:
         try:
-            unpack_run(nats.Msg(b"s", b"1", None, payload, headers))
-        except ValueError:
+            unpack_run(nats.Msg(b"s", b"1", None, payload, headers), 1 << 20)
+        except MalformedError:
             continue
         raise AssertionError(f"accepted {headers!r} {payload!r}")

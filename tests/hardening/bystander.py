@@ -42,6 +42,9 @@ class Figures:
 @attrs.define
 class Bystander:
     rate: float
+    # Two pairs in one test need a group each (a pair would count the other's
+    # messages with the same seq as its own arrivals).
+    group: str = GROUP
     # seq -> send time, and seq -> arrival time, for the messages of the window
     sent_at: dict[int, float] = attrs.Factory(dict)
     arrived: dict[int, float] = attrs.Factory(dict)
@@ -95,7 +98,7 @@ class Bystander:
             if self.measuring:
                 self.sent_at[seq] = now
             await pub.send_bytes(encode_frame({
-                "type": "send", "group": GROUP, "instance": "*", "to": "*",
+                "type": "send", "group": self.group, "instance": "*", "to": "*",
                 "from": lname, "seq": str(seq), "msg": b"x" * 32,
             }))
             next_at += interval
@@ -112,22 +115,23 @@ class Bystander:
             for frame in splitter.receive_data(data):
                 msg = decode(frame[4:])
                 seq = msg.get(b"seq")
-                if seq is not None and msg.get(b"group") == GROUP.encode():
+                if seq is not None and msg.get(b"group") == self.group.encode():
                     n = int(seq)
                     if n in self.sent_at:
                         self.arrived[n] = now
 
 
 @asynccontextmanager
-async def bystander(addr: tuple[str, int], rate: float = 200.0) -> AsyncIterator[Bystander]:
+async def bystander(addr: tuple[str, int], rate: float = 200.0,
+                    group: str = GROUP) -> AsyncIterator[Bystander]:
     """Run a bystander pair on a Skan listener for the duration of the block."""
-    b = Bystander(rate)
+    b = Bystander(rate, group)
     pub = await RawSkan.open(addr)
     sub = await RawSkan.open(addr)
     try:
         lname = await pub.getlname()
         await sub.getlname()
-        await sub.send({"type": "subscribe", "group": GROUP, "instance": "*"})
+        await sub.send({"type": "subscribe", "group": group, "instance": "*"})
         await sub.getlname()  # barrier: the subscription is in place
         async with trio.open_nursery() as nursery:
             nursery.start_soon(b._subscribe_loop, sub)

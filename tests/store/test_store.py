@@ -176,7 +176,7 @@ def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog
     # fails with SQLITE_FULL ("database or disk is full"), as on a full disk.
     pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
     store._conn.execute(f"PRAGMA max_page_count = {pages}")
-    caplog.set_level(logging.ERROR, logger="broker.store.writer")
+    caplog.set_level(logging.WARNING, logger="broker.store.writer")
     failed = []
     for _ in range(5):
         failed += route(router, sender, 1, size=20_000)
@@ -192,6 +192,13 @@ def test_a_full_disk_is_counted_logged_once_and_routing_goes_on(tmp_path, caplog
     store.flush()
     assert reports[-1] == ((ok[0].session, ok[0].instance), True)
     assert store.count == 3
+    # ... and says so, once.
+    recovered = [r.getMessage() for r in caplog.records if "writing again" in r.getMessage()]
+    assert recovered == [f"store {store.path}: writing again after 5 failed commits (5 "
+                         "messages not persisted so far)"]
+    route(router, sender, 1)
+    store.flush()
+    assert len([r for r in caplog.records if "writing again" in r.getMessage()]) == 1
     store.close()
 
 

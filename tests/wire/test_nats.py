@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wire import nats
-from wire.errors import ProtocolError
+from wire.errors import MalformedError, ProtocolError
 
 STREAM = (
     b'INFO {"server_id":"X","max_payload":1048576,"headers":true}\r\n'
@@ -74,7 +74,6 @@ def test_commands():
     (b"MSG a 1 2\r\nabcd", "CRLF"),
     (b"INFO {nope\r\n", "not JSON"),
     (b"INFO [1]\r\n", "not a JSON object"),
-    (b"HMSG a 1 3 3\r\nabc\r\n", "NATS/1.0"),
     (b'INFO {"max_payload":4}\r\nMSG a 1 5\r\n', "out of bounds"),
 ])
 def test_refusals(data, words):
@@ -83,6 +82,17 @@ def test_refusals(data, words):
         conn.receive_data(data)
     with pytest.raises(nats.NatsError):  # unusable after a fault
         conn.receive_data(b"PING\r\n")
+
+
+def test_a_header_block_that_is_not_nats_1_is_a_message_not_a_fault():
+    """Any client may publish a bad header block and NATS forwards it: the
+    message comes through as is (parse_headers refuses it), the connection stays."""
+    conn = nats.NatsConnection()
+    [msg] = conn.receive_data(b"HMSG a 1 3 3\r\nabc\r\n")
+    assert msg.headers == b"abc"
+    with pytest.raises(MalformedError):
+        nats.parse_headers(msg.headers)
+    assert conn.receive_data(b"PING\r\n") == [nats.Ping()]
 
 
 @given(st.binary(max_size=300))

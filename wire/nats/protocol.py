@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from wire.buffer import ReceiveBuffer
-from wire.errors import ProtocolError
+from wire.errors import MalformedError, ProtocolError
 
 CRLF = b"\r\n"
 # nats-server's own limit for a protocol line (MAX_CONTROL_LINE_SIZE,
@@ -233,10 +233,10 @@ class NatsConnection:
                 raise NatsError("message payload not followed by CRLF")
             if hlen < 0:
                 return Msg(subject, sid, reply, body[:total])
-            headers = body[:hlen]
-            if not headers.startswith(HEADER_VERSION):
-                raise NatsError("HMSG header block without NATS/1.0")
-            return Msg(subject, sid, reply, body[hlen:total], headers)
+            # A header block that is not NATS/1.0 is the publisher's fault,
+            # not the server's: the framing is intact, so it is delivered as
+            # it came (parse_headers refuses it), never a reason to close.
+            return Msg(subject, sid, reply, body[hlen:total], body[:hlen])
         op = line.split(b" ", 1)[0].upper()
         if op == b"PING":
             return PING_EVENT
@@ -293,14 +293,18 @@ def header_block(fields: list[tuple[bytes, bytes]]) -> bytes:
 
 
 def parse_headers(block: bytes) -> dict[bytes, bytes]:
-    """Header block -> {name: value} (last one wins; names as sent)."""
+    """Header block -> {name: value} (last one wins; names as sent).
+    MalformedError for a block another client could have sent wrong (the
+    message is refused, the connection stays)."""
+    if not block.startswith(HEADER_VERSION):
+        raise MalformedError("header block without NATS/1.0")
     out: dict[bytes, bytes] = {}
     for line in block.split(CRLF)[1:]:
         if not line:
             continue
         name, sep, value = line.partition(b":")
         if not sep:
-            raise NatsError("header line without ':'")
+            raise MalformedError("header line without ':'")
         out[name.strip()] = value.strip()
     return out
 

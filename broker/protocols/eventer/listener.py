@@ -144,6 +144,7 @@ class EventerEndpoint(QueuedEndpoint):
 
     def deliver(self, frame: bytes, routed: Routed) -> None:
         if self.closed:
+            self.not_sent(len(frame))
             return
         self.batch.append(self.service.encode(routed))
         self._batch_last = (routed.session, routed.instance)
@@ -156,7 +157,7 @@ class EventerEndpoint(QueuedEndpoint):
         if self.persisted:
             size = sum(map(len, batch))
             if self.backlog_bytes + size > self.queue.limit:
-                self.overflow(len(batch))
+                self._overflow(batch)
                 return
             self.unpersisted.append((self._batch_last, batch))
             self.backlog_bytes += size
@@ -182,7 +183,7 @@ class EventerEndpoint(QueuedEndpoint):
             return
         size = sum(map(len, batch))
         if self.backlog_bytes + size > self.queue.limit:
-            self.overflow(len(batch))
+            self._overflow(batch)
             return
         self.backlog.append(batch)
         self.backlog_bytes += size
@@ -193,6 +194,18 @@ class EventerEndpoint(QueuedEndpoint):
 
     def pending_bytes(self) -> int:
         return self.queue.size + self.backlog_bytes
+
+    def held_messages(self) -> int:
+        # Events waiting for credit or for their commit: a disconnect discards them.
+        return (sum(map(len, self.backlog)) + sum(len(b) for _, b in self.unpersisted)
+                + len(self.batch))
+
+    def _overflow(self, batch: list[bytes]) -> None:
+        """A batch that did not fit: never sent, so out of messages_out (then the policy)."""
+        n = len(batch)
+        self.msgs_out -= n
+        self.router.counters.msgs_out -= n
+        self.overflow(n)
 
     def _notify(self, batch: list[bytes]) -> None:
         self.proto.notify(batch, self.now())
@@ -368,7 +381,8 @@ class EventerEndpoint(QueuedEndpoint):
         cluster = svc.ctx.cluster
         if cluster is not None and cluster.up():
             # BROKER-SPEC 8: every broker's events, merged; answered when gathered.
-            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible))
+            cluster.query(req.params, svc.query, partial(self._answer, req.conv, visible),
+                          self.principal, self.lname)
             return
         answer = svc.query(req.params, visible)
         self._answer(req.conv, None, answer.entries, answer.more_follows)

@@ -292,7 +292,7 @@ class MarinerEndpoint(QueuedEndpoint):
         try:
             first = cq.sentinel_query(w.EventId(last.server, last.session, last.instance))
             local = cq.local_query(retention, None, self.server_id)
-            found = await cluster.gather(first, local)
+            found = await cluster.gather(first, local, self.principal, self.lname)
             sentinel = [e for e in found.entries
                         if (e[cq.SERVER], e[0], e[1]) == (last.server, last.session,
                                                           last.instance)]
@@ -305,7 +305,8 @@ class MarinerEndpoint(QueuedEndpoint):
             key = None
             # Page by page from every broker (ClusterLink.replay): no cap; a
             # page that cannot move on is logged there as a replay gap.
-            async for page in cluster.replay(last, sentinel[0][2], patterns, local):
+            async for page in cluster.replay(last, sentinel[0][2], patterns, local,
+                                             self.principal, self.lname):
                 for e in page:
                     if self.closed:
                         return

@@ -50,8 +50,8 @@ class SkanEndpoint(QueuedEndpoint):
                 q.wakeup()
             if q.size > q.high and not self.congested:
                 self.mark_congested()
-        else:
-            self.enqueue(frame)
+        elif not self.enqueue(frame):
+            self.not_sent(n)
 
     def encode_control(self, message: dict[str, Any]) -> bytes:
         return encode_frame(message)

@@ -75,6 +75,9 @@ def test_backlog_beyond_the_queue_limit_disconnects():
             break
     assert killed == ["slow-consumer"]
     assert ctx.router.counters.slow_consumer_disconnects == 1
+    # Nothing was taken from its queue: nothing counts as sent (the queued
+    # notification, the backlog and the batch that did not fit are discarded).
+    assert ctx.router.counters.msgs_out == 0 and _ep.msgs_out == 0
 
 
 def test_backlog_beyond_the_queue_limit_drops_with_drop_policy():
@@ -83,6 +86,8 @@ def test_backlog_beyond_the_queue_limit_drops_with_drop_policy():
         pub.send("g", b"z" * 40)
     assert killed == []
     assert ep.dropped > 0 and ctx.router.counters.dropped == ep.dropped
+    # Dropped events are not counted out.
+    assert ctx.router.counters.msgs_out == ep.msgs_out == 200 - ep.dropped
     assert ep.backlog_bytes <= 4096
 
 
