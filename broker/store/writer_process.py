@@ -20,8 +20,11 @@ process see every committed transaction.
 Life cycle: the broker opens and checks the store itself (start-up
 refusals, index upgrade, the session reservation) before it starts the
 child, so nothing of that changes.  The child dies with the broker: it
-reads its requests from a pipe whose EOF ends it (after the commit it may
-be in: SQLite's WAL stays consistent whatever the moment); it runs in a
+reads its requests from a pipe whose EOF ends it at once (after the commit
+it may be in: SQLite's WAL stays consistent whatever the moment), leaving
+the files as a crash of the broker would (the WAL in place, the store
+marked running); only an explicit close request makes it stop gracefully
+(final commit, checkpoint, marked clean).  It runs in a
 session of its own and ignores SIGINT and SIGTERM, so a signal to the
 broker's process group reaches the broker, which then hands over what is
 queued and closes the pipe.  A child that dies is logged, its hand-over counted as a failed
@@ -195,10 +198,11 @@ class ProcessStore(Store):
             self._last_spawn = -RESPAWN_INTERVAL  # a last child for the final commit
         self.flush()
         if self._proc is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._to_child)  # EOF: the child commits its carry, checkpoints
             try:
-                self._apply_reply(_recv(self._from_child))  # its final state
+                # The graceful stop: the child commits its carry, checkpoints,
+                # marks the store clean and answers with its final counters.
+                _send(self._to_child, None)
+                self._apply_reply(_recv(self._from_child))
             except (EOFError, OSError):
                 log.error("store %s: the writer process ended without its final report",
                           self.path)
@@ -208,8 +212,9 @@ class ProcessStore(Store):
                 log.error("store %s: the writer process did not end; killed", self.path)
                 self._proc.kill()
                 self._proc.wait()
-            with contextlib.suppress(OSError):
-                os.close(self._from_child)
+            for fd in (self._to_child, self._from_child):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             self._proc = None
         if self._carry or self._child_carried:
             log.error("store %s: %d bridge spool operations of failed commits are lost at "
@@ -386,7 +391,14 @@ def child_main(args: dict, req_fd: int, rep_fd: int) -> None:
         try:
             ops = _recv(req_fd)
         except EOFError:
-            break
+            # The broker died without closing the store (SIGKILL, a crash):
+            # leave the files as the thread writer would have left them, the
+            # WAL in place and the store marked running, so the next start
+            # checks it as after a crash.  (Closing the connection would
+            # checkpoint and delete the WAL.)
+            os._exit(0)
+        if ops is None:
+            break  # close(): the graceful stop
         taken0 = writer._taken_bytes
         writer._ops.extend(map(_as_routed, ops))
         writer._commit_queued()
