@@ -76,6 +76,10 @@ async def main(args: argparse.Namespace) -> None:
             wanted = FEATURES_OFF if args.feature_costs == "all" else args.feature_costs.split(",")
             for feature in wanted:
                 skan(f"skan-no{feature}", Broker(config + FEATURES_OFF[feature]))
+        if args.store_writers:
+            for writer in ("thread", "process"):
+                skan(f"skan-store{writer}",
+                     Broker(config + f'\n[store]\nwriter = "{writer}"\n'))
         if args.bare:
             skan("skan-bare", Broker(config + BARE))
         if args.pure:
@@ -103,6 +107,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--feature-costs", nargs="?", const="all", default="",
                    help="also run one broker per feature turned off (all, or a list such "
                    f"as 'store,log'; features: {', '.join(FEATURES_OFF)})")
+    p.add_argument("--store-writers", action="store_true",
+                   help="also run a broker with each [store] writer (thread, process)")
     p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the 10,000 idle connections memory figure")

@@ -102,7 +102,7 @@ class Broker:
     def cpu_seconds(self) -> float | None:
         if self.proc is None:
             return None
-        return proc_cpu_seconds(self.proc.pid)
+        return proc_cpu_seconds(self.proc.pid, children=True)
 
     def rss(self) -> int:
         assert self.proc is not None, "memory is measured on a broker this benchmark started"

@@ -8,7 +8,8 @@
    ``max_bytes`` (target: <= 2x), the end size, the eviction count and
    whether the newest message is the last one sent (an Eventer query).
 2. Memory: ``max_bytes = 64 MiB``, 150 frames of 4 MiB to a group nobody
-   subscribes to; the broker's RSS (``/proc/PID/status`` VmRSS) before,
+   subscribes to; the broker's RSS (``/proc/PID/status`` VmRSS, its store
+   writer process's included) before,
    at its peak and 5 s after the last frame (targets: growth < 200 MiB at
    the peak, < 100 MiB 5 s later).
 
@@ -42,12 +43,23 @@ def _allocated(directory: pathlib.Path) -> int:
     return total
 
 
-def _rss(pid: int) -> int:
+def _rss_one(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+def _rss(pid: int) -> int:
+    """The broker's RSS plus its children's (the store's writer process)."""
+    total = _rss_one(pid)
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for kid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError, RuntimeError):
+                    total += _rss_one(int(kid))
+    return total
 
 
 class _Sampler:
@@ -73,8 +85,8 @@ class _Sampler:
 
 
 async def disk_run(root: pathlib.Path, label: str, count: int = 400, size: int = 64 * 1024,
-                   max_bytes: int = 8 * MiB) -> None:
-    config = f"[retention]\nmax_bytes = {max_bytes}\n[log]\nenabled = false\n"
+                   max_bytes: int = 8 * MiB, extra: str = "") -> None:
+    config = f"[retention]\nmax_bytes = {max_bytes}\n[log]\nenabled = false\n{extra}"
     with Broker(config, root=root) as broker:
         assert broker.work is not None
         store = broker.work / "store"
@@ -107,9 +119,9 @@ async def _newest_seq(broker: Broker) -> str:
 
 
 async def memory_run(root: pathlib.Path, label: str, count: int = 150, size: int = 4 * MiB,
-                     max_bytes: int = 64 * MiB) -> None:
+                     max_bytes: int = 64 * MiB, extra: str = "") -> None:
     config = (f"[retention]\nmax_bytes = {max_bytes}\n[broker]\nmax_frame = {size + 4096}\n"
-              f"queue_limit = {2 * size + 8192}\n")
+              f"queue_limit = {2 * size + 8192}\n{extra}")
     with Broker(config, root=root) as broker:
         assert broker.proc is not None
         pid = broker.proc.pid
@@ -128,19 +140,24 @@ async def memory_run(root: pathlib.Path, label: str, count: int = 150, size: int
           f"(max_bytes {max_bytes // MiB} MiB)")
 
 
-async def main(before: pathlib.Path | None, rounds: int) -> None:
-    trees = [(ROOT, "this tree")] + ([(before, "before")] if before else [])
+async def main(before: pathlib.Path | None, rounds: int, writers: bool) -> None:
+    trees = [(ROOT, "this tree", "")] + ([(before, "before", "")] if before else [])
+    if writers:  # each [store] writer of this tree, side by side
+        trees += [(ROOT, f"writer {w}", f'[store]\nwriter = "{w}"\n')
+                  for w in ("thread", "process")]
     for _ in range(rounds):
-        for root, label in trees:
-            await disk_run(root, label)
+        for root, label, extra in trees:
+            await disk_run(root, label, extra=extra)
     for _ in range(rounds):
-        for root, label in trees:
-            await memory_run(root, label)
+        for root, label, extra in trees:
+            await memory_run(root, label, extra=extra)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=pathlib.Path, help="another checkout, built in place")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--writers", action="store_true",
+                    help="also run each [store] writer (thread, process)")
     args = ap.parse_args()
-    trio.run(main, args.before, args.rounds)
+    trio.run(main, args.before, args.rounds, args.writers)

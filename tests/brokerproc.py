@@ -51,6 +51,9 @@ class BrokerProcess:
             "--mariner-port", "0", "--metrics-port", "0",
             "--log-dir", str(self.workdir / "log"), *self.args,
         ]
+        if os.environ.get("SKAN_TEST_STORE_WRITER") and "--store-writer" not in self.args:
+            # Run a suite with the other store writer ([store] writer; docs/store.md).
+            cmd += ["--store-writer", os.environ["SKAN_TEST_STORE_WRITER"]]
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         self.proc = subprocess.Popen(
             cmd, cwd=self.workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -75,6 +75,9 @@ def build_parser() -> cliutil.Parser:
     p.add_argument("--store-dir", metavar="DIR",
                    help="durable store directory (default: \"store\" beside the routing-log "
                         "directory)")
+    p.add_argument("--store-writer", choices=("thread", "process"),
+                   help="where the durable store's SQLite writing runs: a thread of the "
+                        "broker or a child process (default: [store] writer)")
     p.add_argument("--server-id", type=cliutil.non_negative_int,
                    help=f"Hat server id used in EventIds (default: {_default(B, 'server_id')})")
     p.add_argument("--cluster", metavar="URL", action="append",
@@ -110,6 +113,7 @@ def build_config(args: argparse.Namespace) -> config.Config:
         metrics_port=args.metrics_port,
         log_dir=args.log_dir,
         store_dir=args.store_dir,
+        store_writer=args.store_writer,
         log_level=args.log_level,
         log_format=args.log_format,
         reuse_port=args.reuse_port,

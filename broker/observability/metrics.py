@@ -480,3 +480,6 @@ def _store(retention: object) -> Iterator[Metric]:
     yield _counter("skan_store_spool_lost_operations",
                    "Bridge spool operations of failed commits dropped by the retry bound.",
                    stats.spool_lost)
+    yield _counter("skan_store_writer_deaths",
+                   "Store writer processes that ended unasked (each is replaced; its "
+                   "hand-over counted as a failed commit).", stats.writer_deaths)

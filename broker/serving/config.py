@@ -272,6 +272,10 @@ class RetentionSection:
     max_age: float = attrs.field(default=0.0, validator=_non_negative)
 
 
+# [store] writer's default (see StoreSection.writer).
+WRITER_DEFAULT = "process"
+
+
 @attrs.frozen
 class StoreSection:
     # The durable store (docs/store.md); off: retention in memory only and
@@ -289,6 +293,11 @@ class StoreSection:
     # this is also the memory a bridge whose peer is down can hold, while the
     # default buffer (10,000 messages) of frames up to 6 KiB still fits whole.
     spool_max_bytes: int = attrs.field(default=64 * MiB, validator=_non_negative)
+    # Where the SQLite writing happens: "thread" (a thread of the broker's
+    # process) or "process" (a child process fed once per flush_interval;
+    # broker/store/writer_process.py).  docs/store.md, "Keeping routing's
+    # latency", has the measurement behind the default.
+    writer: str = attrs.field(default=WRITER_DEFAULT, validator=_one_of("thread", "process"))
 
 
 @attrs.frozen
@@ -751,6 +760,7 @@ def override(config: Config, **flags: Any) -> Config:
         "metrics_port": ("metrics", "port"),
         "log_dir": ("log", "dir"),
         "store_dir": ("store", "dir"),
+        "store_writer": ("store", "writer"),
         "log_level": ("broker", "log_level"),
         "log_format": ("broker", "log_format"),
         "cluster": ("cluster", "url"),

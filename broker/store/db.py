@@ -160,19 +160,30 @@ def connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def open_store(directory: str) -> tuple[sqlite3.Connection, StoreState | None]:
+def open_store(directory: str, *, verify: bool = True
+               ) -> tuple[sqlite3.Connection, StoreState | None]:
     """Open (or create) the store in ``directory`` and verify it; raises :class:`StoreError`.
 
     Returns the connection and the state file as found (None when there was
     none).  Nothing is written before every check has passed: a refused
     store is left exactly as it was (the checks read a database without its
     WAL through SQLite's ``immutable`` mode, which creates no file).
+
+    ``verify=False``: the caller knows the store was just opened and checked
+    (the writer process, started by a broker that did all of this itself
+    and has marked the store running): no second check (quick_check is
+    linear in the file's size), no state file read.
     """
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise StoreError(directory, f"cannot create the directory: {exc.strerror}") from None
     path = os.path.join(directory, DB_NAME)
+    if not verify:
+        try:
+            return connect(path), None
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(path, f"damaged or not a database: {exc}") from None
     try:
         state = read_state(directory)
     except StateError as exc:

@@ -21,6 +21,7 @@ from broker.serving.config import Config
 from broker.serving.context import BrokerContext
 from broker.serving.scheduling import lower_thread_priority
 from broker.store.store import Store, default_dir
+from broker.store.writer_process import ProcessStore
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,23 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
         return ring
     directory = config.store.dir or default_dir(config.log.dir)
     started = time.monotonic()
-    store = Store(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
-                  flush_interval=config.store.flush_interval,
-                  spool_max_bytes=config.store.spool_max_bytes)
+    process = config.store.writer == "process"
+    cls = ProcessStore if process else Store
+    store = cls(directory, size=ret.size, max_bytes=ret.max_bytes, max_age=ret.max_age,
+                flush_interval=config.store.flush_interval,
+                spool_max_bytes=config.store.spool_max_bytes)
     store.attach(router)
-    store.start(trio.lowlevel.current_trio_token().run_sync_soon,
-                functools.partial(lower_thread_priority, config.broker.writer_nice))
-    log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d",
-             store.path, time.monotonic() - started, store.count, router.session)
+    call_soon = trio.lowlevel.current_trio_token().run_sync_soon
+    nice = config.broker.writer_nice
+    if process:
+        # The SQLite work runs in the child at writer_nice; the shipping
+        # thread here only hands batches over (and waits on the pipe).
+        store.start(call_soon, functools.partial(lower_thread_priority, nice), nice=nice)
+    else:
+        store.start(call_soon, functools.partial(lower_thread_priority, nice))
+    log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d "
+             "(writer: %s)", store.path, time.monotonic() - started, store.count,
+             router.session, config.store.writer)
     return store
 
 

@@ -121,6 +121,9 @@ class StoreStats:
     # reader's snapshot kept from completing (retried after the next commit).
     checkpoints: int = 0
     checkpoints_busy: int = 0
+    # Writer processes that ended unasked ([store] writer = "process";
+    # broker/store/writer_process.py): each is replaced.
+    writer_deaths: int = 0
 
 
 def default_dir(log_dir: str) -> str:
@@ -319,7 +322,7 @@ class StoreWriter:
 
     def __init__(self, directory: str, *, size: int, max_bytes: int, max_age: float,
                  flush_interval: float, spool_max_bytes: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, verify: bool = True) -> None:
         self.directory = directory
         self.path = os.path.join(directory, DB_NAME)
         self.size = size
@@ -332,7 +335,7 @@ class StoreWriter:
         self.spool_max_bytes = spool_max_bytes
         self.clock = clock
         self.stats = StoreStats()
-        self._conn, _ = open_store(directory)
+        self._conn, _ = open_store(directory, verify=verify)
         # SQLite's own checkpoint once the WAL holds wal_bytes of pages, and
         # the WAL file cut back to wal_bytes when it restarts (_keep_wal_small
         # truncates it when a reader kept the automatic one from finishing).

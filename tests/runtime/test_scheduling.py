@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pathlib
 import platform
 import struct
 import sys
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from broker.serving import scheduling
+from broker.serving.config import WRITER_DEFAULT
 from tests.brokerproc import BrokerProcess
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="per-thread hints are Linux's")
@@ -124,7 +126,7 @@ def _slice_of(tid: int) -> int:
 ])
 def test_broker_threads_get_the_configured_hints(config: str, store_nice: int, log_nice: int,
                                                  slice_ns: int | None) -> None:
-    """The store's writer thread runs at [broker] writer_nice, the routing log's at
+    """The store's writer thread and process run at [broker] writer_nice, the routing log's at
     [log] writer_nice, the routing thread with the configured slice; every other
     thread as the process."""
     with BrokerProcess(config) as proc:
@@ -140,6 +142,15 @@ def test_broker_threads_get_the_configured_hints(config: str, store_nice: int, l
             time.sleep(0.05)
         assert sorted(n for n in nices if n != base) == lowered, nices
         assert nices.count(base) == len(nices) - len(lowered), nices
+        # The store's SQLite work runs in its writer process ([store] writer =
+        # "process", the default): at [broker] writer_nice as well, all its threads.
+        kids = [int(k) for t in pathlib.Path(f"/proc/{pid}/task").iterdir()
+                for k in (t / "children").read_text().split()]
+        if (os.environ.get("SKAN_TEST_STORE_WRITER") or WRITER_DEFAULT) == "process":
+            assert len(kids) == 1
+            assert set(_thread_nices(kids[0])) == {min(19, base + store_nice)}
+        else:
+            assert kids == []
         if _custom_slices():
             if slice_ns is None:
                 assert _slice_of(pid) == _in_thread(_slice_ns)  # the kernel's default
