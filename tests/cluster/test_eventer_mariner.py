@@ -125,14 +125,16 @@ async def test_mariner_replay_gathers_every_broker(two_brokers):
     ):
         await watcher.barrier()
         await cluster_ready(a, b)
+        # The brokers have no total order across publishers (a message from b
+        # crosses NATS): each message is seen on a before the next is sent, so
+        # the six have distinct, increasing timestamps across the brokers.
+        seen = []
         for i in range(6):
             await (pub_a if i % 2 == 0 else pub_b).send("rp", str(i))
-            await trio.sleep(0.01)  # distinct timestamps across the brokers
+            with trio.fail_after(10):
+                while len(seen) < i + 1:
+                    seen += await watcher.receive()
         await pub_a.send("other", "not subscribed")
-        seen = []
-        with trio.fail_after(10):
-            while len(seen) < 6:
-                seen += await watcher.receive()
         assert [e.id.server for e in seen] == [1, 2, 1, 2, 1, 2]
         last = seen[2].id  # from broker a; the client connects to broker b
         peer = await LinePeer.start(
