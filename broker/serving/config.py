@@ -273,7 +273,7 @@ class RetentionSection:
 
 
 # [store] writer's default (see StoreSection.writer).
-WRITER_DEFAULT = "process"
+WRITER_DEFAULT = "thread"
 
 
 @attrs.frozen
