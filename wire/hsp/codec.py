@@ -20,6 +20,7 @@ a Skan frame, so the broker routes it with no copy and no re-encoding.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import attrs
 
@@ -68,16 +69,28 @@ def frame_payload(payload: bytes) -> bytes:
 # ---- events -----------------------------------------------------------------
 
 
-@attrs.define(slots=True)
-class Data:
-    """DATA: fire-and-forget.  ``framed`` = 4-byte length + payload (see module doc)."""
+class _Framed:
+    """What DATA and DATA_ACK share: ``framed`` = 4-byte length + payload (see module doc)."""
 
-    type: int
-    framed: bytes = attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
+    __slots__ = ()
+    framed: bytes
 
     @property
     def payload(self) -> bytes:
         return self.framed[4:]
+
+
+def _framed_field() -> Any:
+    """The ``framed`` attribute, shown in a repr by its payload's size only."""
+    return attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
+
+
+@attrs.define(slots=True)
+class Data(_Framed):
+    """DATA: fire-and-forget."""
+
+    type: int
+    framed: bytes = _framed_field()
 
     @classmethod
     def make(cls, type: int, payload: bytes) -> Data:
@@ -85,16 +98,12 @@ class Data:
 
 
 @attrs.define(slots=True)
-class DataAck:
+class DataAck(_Framed):
     """DATA_ACK: must be answered with ACK, ERROR or ERROR_UNDEF carrying ``message_id``."""
 
     message_id: int
     type: int
-    framed: bytes = attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
-
-    @property
-    def payload(self) -> bytes:
-        return self.framed[4:]
+    framed: bytes = _framed_field()
 
     @classmethod
     def make(cls, message_id: int, type: int, payload: bytes) -> DataAck:
