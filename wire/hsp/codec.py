@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from wire.buffer import ReceiveBuffer
+from wire.buffer import Reassembler
 from wire.errors import FramingError, LocalProtocolError, ProtocolError, RemoteProtocolError
 
 DATA = 0
@@ -213,7 +213,7 @@ def encode(event: Event) -> bytes:
 
 # ---- decoding ---------------------------------------------------------------
 
-class Decoder:
+class Decoder(Reassembler):
     """Split an HSP byte stream into events.
 
     ``receive_data(data)`` returns the events completed by ``data``.  A
@@ -224,17 +224,12 @@ class Decoder:
     position is lost.
     """
 
-    __slots__ = ("_dead", "_rx", "max_payload")
+    __slots__ = ("_dead", "max_payload")
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        super().__init__()
         self.max_payload = max_payload
-        self._rx = ReceiveBuffer()
         self._dead: RemoteProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for a message that is not complete yet."""
-        return len(self._rx)
 
     def _measure(self, buf: bytes, pos: int, size: int) -> int:
         """Total length of the command at ``pos`` (only the header for an oversized payload)."""
