@@ -26,6 +26,7 @@ import attrs
 
 from wire.buffer import Reassembler
 from wire.errors import FramingError, LocalProtocolError, ProtocolError, RemoteProtocolError
+from wire.keepalive import Ping, Pong
 
 DATA = 0
 DATA_ACK = 1
@@ -113,16 +114,6 @@ class DataAck(_Framed):
 @attrs.define(slots=True)
 class Ack:
     message_id: int
-
-
-@attrs.define(slots=True)
-class Ping:
-    pass
-
-
-@attrs.define(slots=True)
-class Pong:
-    pass
 
 
 @attrs.define(slots=True)
