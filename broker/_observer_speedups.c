@@ -278,6 +278,134 @@ is_ascii_str(PyObject *o)
     return PyUnicode_CheckExact(o) && PyUnicode_IS_ASCII(o);
 }
 
+/* The walk both routing-log builders (routelog_lines, routelog_columns) make
+ * over a batch: the cached parts of a message's sender and recipients, then
+ * its time, size and seq.  Each builder checks and uses the parts its own
+ * way and writes its own output. */
+
+/* parts_of(routed), called again only when the sender or the recipient tuple
+ * changes.  The identities are kept only while ``parts`` holds them alive
+ * (it holds the recipient tuple; the sender stays attached meanwhile). */
+typedef struct {
+    PyObject *parts; /* owned, or NULL */
+    PyObject *sender, *recips; /* compared by identity only */
+} parts_cache;
+
+/* 1 when cache->parts is new (the caller checks it), 0 when it still
+ * serves, -1 on error. */
+static inline int
+cached_parts(parts_cache *cache, PyObject *r, PyObject *parts_of)
+{
+    PyObject *sender = attr(r, s_sender);
+    PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+    if (recips == NULL) {
+        Py_XDECREF(sender);
+        return -1;
+    }
+    int fresh = 0;
+    if (!(PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+          && sender == cache->sender && recips == cache->recips)) {
+        Py_XDECREF(cache->parts);
+        cache->parts = PyObject_CallOneArg(parts_of, r);
+        cache->sender = sender;
+        cache->recips = recips;
+        fresh = cache->parts == NULL ? -1 : 1;
+    }
+    Py_DECREF(sender);
+    Py_DECREF(recips);
+    return fresh;
+}
+
+/* What both builders take of one routed message besides its parts. */
+typedef struct {
+    int64_t time_us; /* the routing time in Unix microseconds, truncated as int() */
+    Py_ssize_t size; /* the frame's length */
+    const char *seq; /* the seq's text, in header's bytes or in seq_obj */
+    Py_ssize_t seq_len;
+    PyObject *header; /* owned: holds the seq's bytes */
+    PyObject *seq_obj; /* owned, or NULL: seq_fn's str */
+} routed_fields;
+
+static inline void
+fields_done(routed_fields *m)
+{
+    Py_XDECREF(m->seq_obj);
+    Py_DECREF(m->header);
+}
+
+/* Reads routed r into *m: 0 when read (release with fields_done), 1 when
+ * Python handles this message, -1 on error.  A seq that is not plain digits
+ * is seq_fn(seq or None), a str: ASCII when ``ascii``, else any (as UTF-8).
+ * Always inlined: each builder's per-message loop keeps straight-line code. */
+static Py_ALWAYS_INLINE inline int
+read_fields(PyObject *r, PyObject *seq_fn, int ascii, routed_fields *m)
+{
+    PyObject *t = attr(r, s_timestamp);
+    if (t == NULL)
+        return -1;
+    if (!PyFloat_CheckExact(t)) {
+        Py_DECREF(t);
+        return 1;
+    }
+    double us = PyFloat_AS_DOUBLE(t) * 1e6;
+    Py_DECREF(t);
+    if (!(us > -9.0e18 && us < 9.0e18))
+        return 1; /* NaN, inf, out of range: Python says what happens */
+    m->time_us = (int64_t)us;
+
+    PyObject *f = attr(r, s_frame);
+    if (f == NULL)
+        return -1;
+    m->size = PyObject_Length(f);
+    Py_DECREF(f);
+    if (m->size < 0)
+        return -1;
+
+    PyObject *h = attr(r, s_header);
+    if (h == NULL)
+        return -1;
+    if (!PyDict_CheckExact(h)) {
+        Py_DECREF(h);
+        return 1;
+    }
+    PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+    if (seq == NULL && PyErr_Occurred()) {
+        Py_DECREF(h);
+        return -1;
+    }
+    m->header = h;
+    m->seq_obj = NULL;
+    if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+        const char *b = PyBytes_AS_STRING(seq);
+        Py_ssize_t k = 0, len = PyBytes_GET_SIZE(seq);
+        while (k < len && b[k] >= '0' && b[k] <= '9')
+            k++;
+        if (k == len) {
+            m->seq = b;
+            m->seq_len = len;
+            return 0;
+        }
+    }
+    PyObject *text = PyObject_CallOneArg(seq_fn, seq != NULL ? seq : Py_None);
+    if (text == NULL) {
+        Py_DECREF(h);
+        return -1;
+    }
+    m->seq_obj = text;
+    if (ascii && is_ascii_str(text)) {
+        m->seq = (const char *)PyUnicode_1BYTE_DATA(text);
+        m->seq_len = PyUnicode_GET_LENGTH(text);
+        return 0;
+    }
+    if (!ascii && PyUnicode_CheckExact(text)) {
+        if ((m->seq = PyUnicode_AsUTF8AndSize(text, &m->seq_len)) != NULL)
+            return 0;
+        PyErr_Clear(); /* not encodable (a lone surrogate): Python raises */
+    }
+    fields_done(m);
+    return 1;
+}
+
 /* routelog_lines(batch, start, lines, parts_of, seq_text) -> index
  *
  * Appends to ``lines`` the record line of batch[start], batch[start + 1],
@@ -299,115 +427,39 @@ routelog_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (i == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(batch);
-    PyObject *last_sender = NULL, *last_recips = NULL, *prefix = NULL, *suffix = NULL;
-    PyObject *parts = NULL;  /* owns prefix and suffix */
+    parts_cache cache = {NULL, NULL, NULL};
+    PyObject *prefix = NULL, *suffix = NULL; /* owned by cache.parts */
     for (; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *sender = attr(r, s_sender);
-        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
-        if (recips == NULL) {
-            Py_XDECREF(sender);
+        int rc = cached_parts(&cache, r, parts_of);
+        if (rc < 0)
             goto error;
-        }
-        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
-                    && sender == last_sender && recips == last_recips;
-        if (!reuse) {
-            Py_XDECREF(parts);
-            parts = PyObject_CallOneArg(parts_of, r);
-            if (parts == NULL) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                goto error;
-            }
+        if (rc == 1) {
+            PyObject *parts = cache.parts;
             if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) < 2
                 || !is_ascii_str(PyTuple_GET_ITEM(parts, 0))
-                || !is_ascii_str(PyTuple_GET_ITEM(parts, 1))) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
+                || !is_ascii_str(PyTuple_GET_ITEM(parts, 1)))
                 break; /* not ASCII: Python formats this one */
-            }
             prefix = PyTuple_GET_ITEM(parts, 0);
             suffix = PyTuple_GET_ITEM(parts, 1);
-            /* Keep identities only while parts holds them alive (its third
-             * item is the recipient tuple; the sender stays attached). */
-            last_sender = sender;
-            last_recips = recips;
         }
-        Py_DECREF(sender);
-        Py_DECREF(recips);
-
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto error;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
-            break;
-        }
-        double us = PyFloat_AS_DOUBLE(t) * 1e6;
-        Py_DECREF(t);
-        if (!(us > -9.0e18 && us < 9.0e18))
-            break; /* NaN, inf, out of range: Python says what happens */
-        long long time_us = (long long)us; /* truncation, as int() */
-
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
-            goto error;
-        Py_ssize_t size = PyObject_Length(f);
-        Py_DECREF(f);
-        if (size < 0)
-            goto error;
-
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
-            goto error;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
-            break;
-        }
-        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
-        if (seq == NULL && PyErr_Occurred()) {
-            Py_DECREF(h);
-            goto error;
-        }
-        const char *sq = NULL;
-        Py_ssize_t sq_len = 0;
-        PyObject *sq_obj = NULL;
-        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
-            const char *b = PyBytes_AS_STRING(seq);
-            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
-            while (k < m && b[k] >= '0' && b[k] <= '9')
-                k++;
-            if (k == m) {
-                sq = b;
-                sq_len = m;
-            }
-        }
-        if (sq == NULL) {
-            sq_obj = PyObject_CallOneArg(seq_text, seq != NULL ? seq : Py_None);
-            if (sq_obj == NULL) {
-                Py_DECREF(h);
+        routed_fields m;
+        if ((rc = read_fields(r, seq_text, 1, &m)) != 0) {
+            if (rc < 0)
                 goto error;
-            }
-            if (!is_ascii_str(sq_obj)) {
-                Py_DECREF(sq_obj);
-                Py_DECREF(h);
-                break;
-            }
-            sq = (const char *)PyUnicode_1BYTE_DATA(sq_obj);
-            sq_len = PyUnicode_GET_LENGTH(sq_obj);
+            break;
         }
         char digits[48];
-        int tn = snprintf(digits, 24, "%lld", time_us);
-        int zn = snprintf(digits + 24, 24, "%zd", size);
+        int tn = snprintf(digits, 24, "%lld", (long long)m.time_us);
+        int zn = snprintf(digits + 24, 24, "%zd", m.size);
         static const char A[] = "{\"time_us\":", B[] = ",", C[] = ",\"seq\":\"",
                           D[] = "\",\"size\":";
         Py_ssize_t len = (Py_ssize_t)(sizeof(A) - 1 + tn + sizeof(B) - 1 + sizeof(C) - 1
-                                      + sizeof(D) - 1 + zn) + sq_len
+                                      + sizeof(D) - 1 + zn) + m.seq_len
                          + PyUnicode_GET_LENGTH(prefix) + PyUnicode_GET_LENGTH(suffix);
         PyObject *line = PyUnicode_New(len, 127);
         if (line == NULL) {
-            Py_XDECREF(sq_obj);
-            Py_DECREF(h);
+            fields_done(&m);
             goto error;
         }
         char *p = (char *)PyUnicode_1BYTE_DATA(line);
@@ -416,21 +468,20 @@ routelog_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         put_lit(&p, B, sizeof(B) - 1);
         put(&p, prefix);
         put_lit(&p, C, sizeof(C) - 1);
-        put_lit(&p, sq, (size_t)sq_len);
+        put_lit(&p, m.seq, (size_t)m.seq_len);
         put_lit(&p, D, sizeof(D) - 1);
         put_lit(&p, digits + 24, (size_t)zn);
         put(&p, suffix);
-        Py_XDECREF(sq_obj);
-        Py_DECREF(h);
-        int rc = PyList_Append(lines, line);
+        fields_done(&m);
+        rc = PyList_Append(lines, line);
         Py_DECREF(line);
         if (rc < 0)
             goto error;
     }
-    Py_XDECREF(parts);
+    Py_XDECREF(cache.parts);
     return PyLong_FromSsize_t(i);
 error:
-    Py_XDECREF(parts);
+    Py_XDECREF(cache.parts);
     return NULL;
 }
 
@@ -486,125 +537,48 @@ routelog_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (i == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(batch);
-    PyObject *last_sender = NULL, *last_recips = NULL, *parts = NULL;
+    parts_cache cache = {NULL, NULL, NULL};
     int32_t key = 0;
     for (; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *sender = attr(r, s_sender);
-        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
-        if (recips == NULL) {
-            Py_XDECREF(sender);
+        int rc = cached_parts(&cache, r, parts_of);
+        if (rc < 0)
             goto error;
-        }
-        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
-                    && sender == last_sender && recips == last_recips;
-        if (!reuse) {
-            Py_XDECREF(parts);
-            parts = PyObject_CallOneArg(parts_of, r);
-            if (parts == NULL) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                goto error;
-            }
+        if (rc == 1) {
+            PyObject *parts = cache.parts;
             long k = -1;
             if (PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) >= 2
                 && PyLong_CheckExact(PyTuple_GET_ITEM(parts, 0)))
                 k = PyLong_AsLong(PyTuple_GET_ITEM(parts, 0));
             if (k < 0 || k > INT32_MAX) {
                 PyErr_Clear();
-                Py_DECREF(sender);
-                Py_DECREF(recips);
                 break; /* unexpected: Python handles this one */
             }
             key = (int32_t)k;
-            /* Identities are kept only while parts holds the recipient tuple
-             * (its second item); the sender stays attached meanwhile. */
-            last_sender = sender;
-            last_recips = recips;
         }
-        Py_DECREF(sender);
-        Py_DECREF(recips);
-
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto error;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
-            break;
-        }
-        double us = PyFloat_AS_DOUBLE(t) * 1e6;
-        Py_DECREF(t);
-        if (!(us > -9.0e18 && us < 9.0e18))
-            break; /* NaN, inf, out of range: Python says what happens */
-        int64_t time_us = (int64_t)us; /* truncation, as int() */
-
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
-            goto error;
-        Py_ssize_t fsize = PyObject_Length(f);
-        Py_DECREF(f);
-        if (fsize < 0)
-            goto error;
-        int64_t size = (int64_t)fsize;
-
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
-            goto error;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
-            break;
-        }
-        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
-        if (seq == NULL && PyErr_Occurred()) {
-            Py_DECREF(h);
-            goto error;
-        }
-        const char *sq = NULL;
-        Py_ssize_t sq_len = 0;
-        PyObject *sq_obj = NULL;
-        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
-            const char *b = PyBytes_AS_STRING(seq);
-            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
-            while (k < m && b[k] >= '0' && b[k] <= '9')
-                k++;
-            if (k == m) {
-                sq = b;
-                sq_len = m;
-            }
-        }
-        if (sq == NULL) {
-            sq_obj = PyObject_CallOneArg(seq_value, seq != NULL ? seq : Py_None);
-            if (sq_obj == NULL) {
-                Py_DECREF(h);
+        routed_fields m;
+        if ((rc = read_fields(r, seq_value, 0, &m)) != 0) {
+            if (rc < 0)
                 goto error;
-            }
-            if (!PyUnicode_CheckExact(sq_obj)
-                || (sq = PyUnicode_AsUTF8AndSize(sq_obj, &sq_len)) == NULL) {
-                PyErr_Clear();
-                Py_DECREF(sq_obj);
-                Py_DECREF(h);
-                break;
-            }
+            break;
         }
-        Py_ssize_t end = PyByteArray_GET_SIZE(data) + sq_len;
-        int rc = end > INT32_MAX ? 1 : 0;
-        if (rc) {
-            Py_XDECREF(sq_obj);
-            Py_DECREF(h);
+        Py_ssize_t end = PyByteArray_GET_SIZE(data) + m.seq_len;
+        if (end > INT32_MAX) {
+            fields_done(&m);
             break; /* the caller hands off before 2 GiB of seqs; Python raises */
         }
         int32_t end32 = (int32_t)end;
-        rc = ba_append(data, sq, sq_len);
-        Py_XDECREF(sq_obj);
-        Py_DECREF(h);
-        if (rc < 0 || ba_append(times, &time_us, 8) < 0 || ba_append(sizes, &size, 8) < 0
+        int64_t size = (int64_t)m.size;
+        rc = ba_append(data, m.seq, m.seq_len);
+        fields_done(&m);
+        if (rc < 0 || ba_append(times, &m.time_us, 8) < 0 || ba_append(sizes, &size, 8) < 0
             || ba_append(keys, &key, 4) < 0 || ba_append(ends, &end32, 4) < 0)
             goto error;
     }
-    Py_XDECREF(parts);
+    Py_XDECREF(cache.parts);
     return PyLong_FromSsize_t(i);
 error:
-    Py_XDECREF(parts);
+    Py_XDECREF(cache.parts);
     return NULL;
 }
 
@@ -790,22 +764,25 @@ error:
 #endif
 }
 
+/* A METH_FASTCALL entry (the cast through void (*)(void) is CPython's own idiom for it). */
+#define FASTCALL(fn, doc) {#fn, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
 static PyMethodDef methods[] = {
-    {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
-     "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
-     "left to Python (see broker/observability/routelog/record.py)."},
-    {"routelog_columns", (PyCFunction)(void (*)(void))routelog_columns, METH_FASTCALL,
-     "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first message "
-     "left to Python (see broker/observability/routelog/columns.py)."},
-    {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
-     "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
-     "(see broker/cluster/subject_runs.py)."},
-    {"run_parts", (PyCFunction)(void (*)(void))run_parts, METH_FASTCALL,
-     "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
-     "(see broker/cluster/subject_runs.py)."},
-    {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
-     "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
-     "one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."},
+    FASTCALL(routelog_lines,
+             "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first "
+             "message left to Python (see broker/observability/routelog/record.py)."),
+    FASTCALL(routelog_columns,
+             "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first "
+             "message left to Python (see broker/observability/routelog/columns.py)."),
+    FASTCALL(batch_key,
+             "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
+             "(see broker/cluster/subject_runs.py)."),
+    FASTCALL(run_parts,
+             "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
+             "(see broker/cluster/subject_runs.py)."),
+    FASTCALL(batch_row,
+             "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of "
+             "a one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -815,22 +792,27 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
+/* The attribute names (interned str) and header tags (bytes) the loops look up. */
+static const struct {
+    PyObject **var;
+    const char *text;
+    int tag;
+} NAMES[] = {
+    {&s_header, "header", 0},     {&s_frame, "frame", 0},     {&s_timestamp, "timestamp", 0},
+    {&s_delivered, "delivered", 0}, {&s_session, "session", 0}, {&s_instance, "instance", 0},
+    {&s_sender, "sender", 0},     {&s_recipients, "recipients", 0}, {&s_server, "server", 0},
+    {&t_group, "group", 1},       {&t_instance, "instance", 1}, {&t_seq, "seq", 1},
+    {&t_to, "to", 1},
+};
+
 PyMODINIT_FUNC
 PyInit__observer_speedups(void)
 {
-    if (!(s_header = PyUnicode_InternFromString("header"))
-        || !(s_frame = PyUnicode_InternFromString("frame"))
-        || !(s_timestamp = PyUnicode_InternFromString("timestamp"))
-        || !(s_delivered = PyUnicode_InternFromString("delivered"))
-        || !(s_session = PyUnicode_InternFromString("session"))
-        || !(s_instance = PyUnicode_InternFromString("instance"))
-        || !(t_group = PyBytes_FromString("group"))
-        || !(t_instance = PyBytes_FromString("instance"))
-        || !(t_seq = PyBytes_FromString("seq"))
-        || !(s_sender = PyUnicode_InternFromString("sender"))
-        || !(s_recipients = PyUnicode_InternFromString("recipients"))
-        || !(s_server = PyUnicode_InternFromString("server"))
-        || !(t_to = PyBytes_FromString("to")))
-        return NULL;
+    for (size_t i = 0; i < sizeof(NAMES) / sizeof(NAMES[0]); i++) {
+        *NAMES[i].var = NAMES[i].tag ? PyBytes_FromString(NAMES[i].text)
+                                     : PyUnicode_InternFromString(NAMES[i].text);
+        if (*NAMES[i].var == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }
