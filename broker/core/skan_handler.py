@@ -127,6 +127,18 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
     return value
 
 
+def _group_instance(header: dict[bytes, Any], what: str,
+                    seq: bytes | None) -> tuple[bytes, bytes] | Rejected:
+    """The DATA group and instance of a subscribe or unsubscribe (``what``)."""
+    group = _data(header, b"group", what)
+    if isinstance(group, Rejected):
+        return attrs.evolve(group, seq=seq)
+    instance = _data(header, b"instance", what)
+    if isinstance(instance, Rejected):
+        return attrs.evolve(instance, seq=seq)
+    return group, instance
+
+
 def check_payload_json(header: dict[bytes, Any]) -> str | None:
     """Why a send's ``payload-json`` tag (the exact Hat JSON payload, see
     :mod:`wire.skan.eventjson`) is refused, or None when it is sound.
@@ -241,13 +253,10 @@ class SkanHandler:
         if mtype == b"subscribe":
             return self._subscribe(header, seq)
         if mtype == b"unsubscribe":
-            group = _data(header, b"group", "unsubscribe")
-            if isinstance(group, Rejected):
-                return attrs.evolve(group, seq=seq)
-            instance = _data(header, b"instance", "unsubscribe")
-            if isinstance(instance, Rejected):
-                return attrs.evolve(instance, seq=seq)
-            self.router.unsubscribe(self.endpoint, group, instance)
+            target = _group_instance(header, "unsubscribe", seq)
+            if isinstance(target, Rejected):
+                return target
+            self.router.unsubscribe(self.endpoint, *target)
             return None
         if mtype == b"stats":
             self.endpoint.send_control({"stats": self.router.stats()})
@@ -294,12 +303,10 @@ class SkanHandler:
         )
 
     def _subscribe(self, header: dict[bytes, Any], seq: bytes | None) -> Rejected | None:
-        group = _data(header, b"group", "subscribe")
-        if isinstance(group, Rejected):
-            return attrs.evolve(group, seq=seq)
-        instance = _data(header, b"instance", "subscribe")
-        if isinstance(instance, Rejected):
-            return attrs.evolve(instance, seq=seq)
+        target = _group_instance(header, "subscribe", seq)
+        if isinstance(target, Rejected):
+            return target
+        group, instance = target
         raw = header.get(b"subtype", b"normal")
         subtype = SUBTYPES.get(raw) if type(raw) is bytes else None
         if subtype is None:
