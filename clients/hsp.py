@@ -37,6 +37,8 @@ from toolkit.streams import AnswersHTTP, Dialling, ReceiveIterator
 from wire.hsp import (
     DATA_ACK,
     DEFAULT_MAX_PAYLOAD,
+    SKAN_TYPE,
+    TOO_LARGE,
     Ack,
     Data,
     DataAck,
@@ -53,10 +55,6 @@ from wire.hsp import (
 from wire.skan import FrameSplitter, encode
 
 DEFAULT_PORT = 9913
-SKAN_TYPE = 1
-# ERROR Type a peer of ours sends for a DATA_ACK over its payload limit
-# (the broker's code 3, "too large").
-TOO_LARGE = 3
 
 
 class HSPError(Exception):

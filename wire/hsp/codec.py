@@ -59,6 +59,16 @@ MAX_U32 = 0xFFFF_FFFF
 # :class:`Oversized` event is reported instead (the stream stays in sync).
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 
+# How the broker maps Skan onto HSP (docs/protocol-mapping.md): the DATA /
+# DATA_ACK Type that carries a Skan message, and the ERROR Type codes a
+# broker and its HSP peers send (a listener, a bridge and the client all
+# speak them).
+SKAN_TYPE = 1
+MALFORMED = 1
+REJECTED = 2
+TOO_LARGE = 3
+NOT_AUTHORISED = 4
+
 
 def frame_payload(payload: bytes) -> bytes:
     """Prefix ``payload`` with its 4-byte big-endian length (the wire form of a ByteArray)."""
@@ -293,10 +303,15 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD",
     "ERROR",
     "ERROR_UNDEF",
+    "MALFORMED",
+    "NOT_AUTHORISED",
     "PING",
     "PING_BYTES",
     "PONG",
     "PONG_BYTES",
+    "REJECTED",
+    "SKAN_TYPE",
+    "TOO_LARGE",
     "Ack",
     "Data",
     "DataAck",

@@ -38,7 +38,6 @@ from broker.core.inject import FrameTooLarge, build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.router import Routed, Router
-from broker.protocols.hsp.listener import TOO_LARGE
 from broker.serving.bridge_runner import (
     BridgeStatus,
     BufferedBridgeEndpoint,
@@ -55,6 +54,7 @@ from wire.errors import ProtocolError
 from wire.hsp import (
     DATA_ACK,
     ERROR,
+    TOO_LARGE,
     Ack,
     Data,
     DataAck,

@@ -44,6 +44,11 @@ from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
 from wire.hsp import (
     DATA_ACK,
+    MALFORMED,
+    NOT_AUTHORISED,
+    REJECTED,
+    SKAN_TYPE,
+    TOO_LARGE,
     Ack,
     Data,
     DataAck,
@@ -60,14 +65,6 @@ from wire.skan import SkanError, encode_frame, looks_like_skan
 
 log = logging.getLogger(__name__)
 
-# The HSP Type that carries a Skan message.
-SKAN_TYPE = 1
-
-# ERROR Type codes (BROKER-SPEC section 2).
-MALFORMED = 1
-REJECTED = 2
-TOO_LARGE = 3
-NOT_AUTHORISED = 4
 # Metric label (skan_protocol_errors_total reason) per ERROR code.
 ERROR_REASONS = {MALFORMED: ErrorKind.MALFORMED, REJECTED: ErrorKind.REJECTED,
                  TOO_LARGE: ErrorKind.TOO_LARGE, NOT_AUTHORISED: ErrorKind.NOT_AUTHORISED}
