@@ -440,13 +440,17 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Commit everything queued, stop the writer, checkpoint and close."""
+    def stop_thread(self) -> None:
+        """Stop the writer thread after its current commit (close() calls it first)."""
         if self._thread is not None:
             self._stopping = True
             self._wake.set()
             self._thread.join()
             self._thread = None
+
+    def close(self) -> None:
+        """Commit everything queued, stop the writer, checkpoint and close."""
+        self.stop_thread()
         self.flush()
         if self._carry:
             with self._lock:  # a last try for spool operations of failed commits

@@ -189,11 +189,7 @@ class ProcessStore(Store):
 
     def close(self) -> None:
         """Commit everything queued (in the child), stop it, close the reader."""
-        if self._thread is not None:
-            self._stopping = True
-            self._wake.set()
-            self._thread.join()
-            self._thread = None
+        self.stop_thread()  # the shipping thread
         if self._proc is None:
             self._last_spawn = -RESPAWN_INTERVAL  # a last child for the final commit
         self.flush()
