@@ -121,7 +121,9 @@ class Routed:
 
 
 class Router:
-    """Subscription index plus the send rules of BROKER-SPEC section 1."""
+    """Endpoints and the send rules of BROKER-SPEC section 1: routing, batches,
+    observers; who receives is the index's (``index``), what a connection may
+    do the enforcer's (``enforcer``)."""
 
     def __init__(
         self,
@@ -205,8 +207,11 @@ class Router:
         whose credential no longer authenticates: the caller closes them.
         """
         revoked = self.enforcer.reload(auth, list(self.endpoints.values()))
+        closing = set(revoked)
         index = self.index
         for ep in list(self.endpoints.values()):
+            if ep in closing or ep.perms is None:
+                continue  # closing keeps what it had; full rights refuse nothing
             instances, patterns = self.enforcer.refused_subscriptions(
                 ep,
                 [(g, i, st == PROMISC) for g, i, st in index.instance_subscriptions(ep)],
