@@ -51,22 +51,63 @@ attr(PyObject *obj, PyObject *name)
     return PyObject_GetAttr(obj, name);
 }
 
-static int
-long_of(PyObject *obj, PyObject *name, long long *out)
+/* obj.name when its type is exactly ``type``: 0 with a new reference in
+ * *out, 1 when it is of another type (not handled here), -1 on error. */
+static inline int
+typed_attr(PyObject *obj, PyObject *name, PyTypeObject *type, PyObject **out)
 {
     PyObject *v = attr(obj, name);
     if (v == NULL)
         return -1;
-    if (!PyLong_CheckExact(v)) {
+    if (!Py_IS_TYPE(v, type)) {
         Py_DECREF(v);
-        return 1; /* not handled here */
+        return 1;
     }
+    *out = v;
+    return 0;
+}
+
+/* obj.name as a C long long (an exact int in range) or double (an exact
+ * float): 0, 1 when not handled here, -1 on error. */
+static int
+long_of(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v;
+    int rc = typed_attr(obj, name, &PyLong_Type, &v);
+    if (rc != 0)
+        return rc;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
     if (*out == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         return 1;
     }
+    return 0;
+}
+
+static inline int
+float_of(PyObject *obj, PyObject *name, double *out)
+{
+    PyObject *v;
+    int rc = typed_attr(obj, name, &PyFloat_Type, &v);
+    if (rc != 0)
+        return rc;
+    *out = PyFloat_AS_DOUBLE(v);
+    Py_DECREF(v);
+    return 0;
+}
+
+/* The session and instance of a batch's first and last messages (ends[0..3]):
+ * 0, 1 when one is not an int in range (the reference answers), -1 on error. */
+static int
+batch_ends(PyObject *batch, long long ends[4])
+{
+    PyObject *head = PyList_GET_ITEM(batch, 0);
+    PyObject *tail = PyList_GET_ITEM(batch, PyList_GET_SIZE(batch) - 1);
+    int rc;
+    if ((rc = long_of(head, s_session, &ends[0])) || (rc = long_of(head, s_instance, &ends[1]))
+        || (rc = long_of(tail, s_session, &ends[2])) || (rc = long_of(tail, s_instance, &ends[3])))
+        return rc;
     return 0;
 }
 
@@ -88,6 +129,70 @@ not_here(void)
     Py_RETURN_NOTIMPLEMENTED;
 }
 
+/* A batch_row run read so far: what each message is checked against and
+ * where its parts go (the buffers hold n messages). */
+typedef struct {
+    PyObject *src_tag;
+    Py_ssize_t n, max_bytes, total;
+    PyObject *grp, *inst; /* owned: the first message's group and instance */
+    PyObject **frames; /* owned items */
+    double *ts;
+    long long *dl, *off;
+} row_run;
+
+/* How message i's header bears on the run: 0 it may extend it, 1 it does not
+ * (from elsewhere, or another group or instance), 2 the reference answers,
+ * -1 on error. */
+static int
+row_header(row_run *run, PyObject *h, Py_ssize_t i)
+{
+    int rc = PyDict_Contains(h, run->src_tag);
+    if (rc != 0)
+        return rc < 0 ? -1 : 1;
+    PyObject *g = PyDict_GetItemWithError(h, t_group); /* borrowed */
+    PyObject *in = g ? PyDict_GetItemWithError(h, t_instance) : NULL;
+    if (g == NULL || in == NULL)
+        return PyErr_Occurred() ? -1 : 2; /* the reference would raise: let it */
+    if (i == 0) {
+        run->grp = Py_NewRef(g);
+        run->inst = Py_NewRef(in);
+        return 0;
+    }
+    int eq = same_bytes(g, run->grp);
+    if (eq == 1)
+        eq = same_bytes(in, run->inst);
+    return eq < 0 ? -1 : !eq;
+}
+
+/* Reads message i into the run: 0 it extends the run, 1 the batch is not one
+ * run (None), 2 the reference answers (NotImplemented), -1 on error. */
+static int
+row_message(row_run *run, PyObject *r, Py_ssize_t i)
+{
+    PyObject *h, *f;
+    int rc = typed_attr(r, s_header, &PyDict_Type, &h);
+    if (rc != 0)
+        return rc < 0 ? -1 : 2;
+    rc = row_header(run, h, i);
+    Py_DECREF(h);
+    if (rc != 0)
+        return rc;
+    if ((rc = float_of(r, s_timestamp, &run->ts[i])) != 0)
+        return rc < 0 ? -1 : 2;
+    if (i > 0 && !(run->ts[i - 1] <= run->ts[i]))
+        return 1;
+    if ((rc = long_of(r, s_delivered, &run->dl[i])) != 0)
+        return rc < 0 ? -1 : 2;
+    if ((rc = typed_attr(r, s_frame, &PyBytes_Type, &f)) != 0)
+        return rc < 0 ? -1 : 2;
+    run->frames[i] = f;
+    run->total += PyBytes_GET_SIZE(f);
+    run->off[i + 1] = (long long)run->total;
+    if (run->total > run->max_bytes && run->n > 1)
+        return 1; /* the reference checks the sum at the end: same answer */
+    return 0;
+}
+
 /* batch_row(batch, source_tag, max_run, max_run_bytes, max_span) */
 static PyObject *
 batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -97,7 +202,7 @@ batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #if PY_BIG_ENDIAN
     return not_here(); /* the arrays are stored little-endian: the reference swaps */
 #else
-    PyObject *batch = args[0], *src_tag = args[1];
+    PyObject *batch = args[0];
     Py_ssize_t max_run = PyLong_AsSsize_t(args[2]);
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
     double max_span = PyFloat_AsDouble(args[4]);
@@ -109,145 +214,68 @@ batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (n > max_run)
         Py_RETURN_NONE;
 
-    PyObject *result = NULL, *grp = NULL, *inst = NULL;
+    PyObject *result = NULL;
     PyObject *frames_b = NULL, *ts_b = NULL, *dl_b = NULL, *off_b = NULL;
-    PyObject **frames = NULL;
-    double *ts = NULL;
-    long long *dl = NULL, *off = NULL;
-    long long session, first, last_session, last;
-    int rc;
-
-    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
-    if ((rc = long_of(head, s_session, &session)) || (rc = long_of(head, s_instance, &first))
-        || (rc = long_of(tail, s_session, &last_session)) || (rc = long_of(tail, s_instance, &last)))
+    long long ends[4]; /* session, first instance, last session, last instance */
+    int rc = batch_ends(batch, ends);
+    if (rc != 0)
         return rc < 0 ? NULL : not_here();
+    long long session = ends[0], first = ends[1], last = ends[3];
     /* Instances only grow within a session: consecutive iff the span is n - 1. */
-    if (last_session != session || last - first != (long long)(n - 1))
+    if (ends[2] != session || last - first != (long long)(n - 1))
         Py_RETURN_NONE;
 
-    frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
-    ts = PyMem_Malloc((size_t)n * sizeof(double));
-    dl = PyMem_Malloc((size_t)n * sizeof(long long));
-    off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
-    if (frames == NULL || ts == NULL || dl == NULL || off == NULL) {
+    row_run run = {args[1], n, max_bytes, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    run.frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    run.ts = PyMem_Malloc((size_t)n * sizeof(double));
+    run.dl = PyMem_Malloc((size_t)n * sizeof(long long));
+    run.off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
+    if (run.frames == NULL || run.ts == NULL || run.dl == NULL || run.off == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t total = 0;
-    off[0] = 0;
-    int declined = 0;  /* 1: None (not one run); 2: NotImplemented */
-    for (Py_ssize_t i = 0; i < n && !declined; i++) {
-        PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
-            goto done;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
-            declined = 2;
-            break;
-        }
-        rc = PyDict_Contains(h, src_tag);
-        if (rc != 0) {
-            Py_DECREF(h);
-            if (rc < 0)
-                goto done;
-            declined = 1;
-            break;
-        }
-        PyObject *g = PyDict_GetItemWithError(h, t_group);   /* borrowed */
-        PyObject *in = g ? PyDict_GetItemWithError(h, t_instance) : NULL;
-        if (g == NULL || in == NULL) {
-            Py_DECREF(h);
-            if (PyErr_Occurred())
-                goto done;
-            declined = 2; /* the reference would raise: let it */
-            break;
-        }
-        if (i == 0) {
-            grp = Py_NewRef(g);
-            inst = Py_NewRef(in);
-        } else {
-            int eq = same_bytes(g, grp);
-            if (eq == 1)
-                eq = same_bytes(in, inst);
-            if (eq != 1) {
-                Py_DECREF(h);
-                if (eq < 0)
-                    goto done;
-                declined = 1;
-                break;
-            }
-        }
-        Py_DECREF(h);
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto done;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
-            declined = 2;
-            break;
-        }
-        ts[i] = PyFloat_AS_DOUBLE(t);
-        Py_DECREF(t);
-        if (i > 0 && !(ts[i - 1] <= ts[i])) {
-            declined = 1;
-            break;
-        }
-        if ((rc = long_of(r, s_delivered, &dl[i])) != 0) {
-            if (rc < 0)
-                goto done;
-            declined = 2;
-            break;
-        }
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
-            goto done;
-        if (!PyBytes_CheckExact(f)) {
-            Py_DECREF(f);
-            declined = 2;
-            break;
-        }
-        frames[i] = f; /* owned */
-        total += PyBytes_GET_SIZE(f);
-        off[i + 1] = (long long)total;
-        if (total > max_bytes && n > 1) {
-            declined = 1; /* the reference checks the sum at the end: same answer */
-            break;
-        }
-    }
+    run.off[0] = 0;
+    int declined = 0; /* 1: None (not one run); 2: NotImplemented */
+    for (Py_ssize_t i = 0; i < n && !declined; i++)
+        declined = row_message(&run, PyList_GET_ITEM(batch, i), i);
+    if (declined < 0)
+        goto done;
     if (declined == 2) {
         result = not_here();
         goto done;
     }
+    double *ts = run.ts;
     if (declined == 1 || ts[n - 1] - ts[0] > max_span) {
         result = Py_NewRef(Py_None);
         goto done;
     }
+    Py_ssize_t total = run.total;
     frames_b = PyBytes_FromStringAndSize(NULL, total);
     ts_b = PyBytes_FromStringAndSize((const char *)ts, n * (Py_ssize_t)sizeof(double));
-    dl_b = PyBytes_FromStringAndSize((const char *)dl, n * (Py_ssize_t)sizeof(long long));
-    off_b = PyBytes_FromStringAndSize((const char *)off, (n + 1) * (Py_ssize_t)sizeof(long long));
+    dl_b = PyBytes_FromStringAndSize((const char *)run.dl, n * (Py_ssize_t)sizeof(long long));
+    off_b = PyBytes_FromStringAndSize((const char *)run.off,
+                                      (n + 1) * (Py_ssize_t)sizeof(long long));
     if (frames_b == NULL || ts_b == NULL || dl_b == NULL || off_b == NULL)
         goto done;
     char *out = PyBytes_AS_STRING(frames_b);
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t size = PyBytes_GET_SIZE(frames[i]);
-        memcpy(out, PyBytes_AS_STRING(frames[i]), (size_t)size);
+        Py_ssize_t size = PyBytes_GET_SIZE(run.frames[i]);
+        memcpy(out, PyBytes_AS_STRING(run.frames[i]), (size_t)size);
         out += size;
     }
-    result = Py_BuildValue("(LLLOOddOnOOOO)", session, first, last, grp, inst, ts[0], ts[n - 1],
-                           Py_None, total, ts_b, dl_b, off_b, frames_b);
+    result = Py_BuildValue("(LLLOOddOnOOOO)", session, first, last, run.grp, run.inst, ts[0],
+                           ts[n - 1], Py_None, total, ts_b, dl_b, off_b, frames_b);
 done:
-    if (frames != NULL) {
+    if (run.frames != NULL) {
         for (Py_ssize_t i = 0; i < n; i++)
-            Py_XDECREF(frames[i]);
-        PyMem_Free(frames);
+            Py_XDECREF(run.frames[i]);
+        PyMem_Free(run.frames);
     }
-    PyMem_Free(ts);
-    PyMem_Free(dl);
-    PyMem_Free(off);
-    Py_XDECREF(grp);
-    Py_XDECREF(inst);
+    PyMem_Free(run.ts);
+    PyMem_Free(run.dl);
+    PyMem_Free(run.off);
+    Py_XDECREF(run.grp);
+    Py_XDECREF(run.inst);
     Py_XDECREF(frames_b);
     Py_XDECREF(ts_b);
     Py_XDECREF(dl_b);
@@ -278,6 +306,213 @@ is_ascii_str(PyObject *o)
     return PyUnicode_CheckExact(o) && PyUnicode_IS_ASCII(o);
 }
 
+/* The walk both routing-log builders (routelog_lines, routelog_columns) make
+ * over a batch: the cached parts of a message's sender and recipients, then
+ * its time, size and seq.  Each builder checks and uses the parts its own
+ * way and writes its own output. */
+
+/* parts_of(routed), called again only when the sender or the recipient tuple
+ * changes.  The identities are kept only while ``parts`` holds them alive
+ * (it holds the recipient tuple; the sender stays attached meanwhile). */
+typedef struct {
+    PyObject *parts; /* owned, or NULL */
+    PyObject *sender, *recips; /* compared by identity only */
+} parts_cache;
+
+/* 1 when cache->parts is new (the caller checks it), 0 when it still
+ * serves, -1 on error. */
+static inline int
+cached_parts(parts_cache *cache, PyObject *r, PyObject *parts_of)
+{
+    PyObject *sender = attr(r, s_sender);
+    PyObject *recips = sender ? attr(r, s_recipients) : NULL;
+    if (recips == NULL) {
+        Py_XDECREF(sender);
+        return -1;
+    }
+    int fresh = 0;
+    if (!(PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
+          && sender == cache->sender && recips == cache->recips)) {
+        Py_XDECREF(cache->parts);
+        cache->parts = PyObject_CallOneArg(parts_of, r);
+        cache->sender = sender;
+        cache->recips = recips;
+        fresh = cache->parts == NULL ? -1 : 1;
+    }
+    Py_DECREF(sender);
+    Py_DECREF(recips);
+    return fresh;
+}
+
+/* What both builders take of one routed message besides its parts. */
+typedef struct {
+    int64_t time_us; /* the routing time in Unix microseconds, truncated as int() */
+    Py_ssize_t size; /* the frame's length */
+    const char *seq; /* the seq's text, in header's bytes or in seq_obj */
+    Py_ssize_t seq_len;
+    PyObject *header; /* owned: holds the seq's bytes */
+    PyObject *seq_obj; /* owned, or NULL: seq_fn's str */
+} routed_fields;
+
+static inline void
+fields_done(routed_fields *m)
+{
+    Py_XDECREF(m->seq_obj);
+    Py_DECREF(m->header);
+}
+
+/* Reads routed r into *m: 0 when read (release with fields_done), 1 when
+ * Python handles this message, -1 on error.  A seq that is not plain digits
+ * is seq_fn(seq or None), a str: ASCII when ``ascii``, else any (as UTF-8).
+ * Always inlined: each builder's per-message loop keeps straight-line code. */
+static Py_ALWAYS_INLINE inline int
+read_fields(PyObject *r, PyObject *seq_fn, int ascii, routed_fields *m)
+{
+    double t;
+    int rc = float_of(r, s_timestamp, &t);
+    if (rc != 0)
+        return rc;
+    double us = t * 1e6;
+    if (!(us > -9.0e18 && us < 9.0e18))
+        return 1; /* NaN, inf, out of range: Python says what happens */
+    m->time_us = (int64_t)us;
+
+    PyObject *f = attr(r, s_frame);
+    if (f == NULL)
+        return -1;
+    m->size = PyObject_Length(f);
+    Py_DECREF(f);
+    if (m->size < 0)
+        return -1;
+
+    PyObject *h;
+    if ((rc = typed_attr(r, s_header, &PyDict_Type, &h)) != 0)
+        return rc;
+    PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
+    if (seq == NULL && PyErr_Occurred()) {
+        Py_DECREF(h);
+        return -1;
+    }
+    m->header = h;
+    m->seq_obj = NULL;
+    if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
+        const char *b = PyBytes_AS_STRING(seq);
+        Py_ssize_t k = 0, len = PyBytes_GET_SIZE(seq);
+        while (k < len && b[k] >= '0' && b[k] <= '9')
+            k++;
+        if (k == len) {
+            m->seq = b;
+            m->seq_len = len;
+            return 0;
+        }
+    }
+    PyObject *text = PyObject_CallOneArg(seq_fn, seq != NULL ? seq : Py_None);
+    if (text == NULL) {
+        Py_DECREF(h);
+        return -1;
+    }
+    m->seq_obj = text;
+    if (ascii && is_ascii_str(text)) {
+        m->seq = (const char *)PyUnicode_1BYTE_DATA(text);
+        m->seq_len = PyUnicode_GET_LENGTH(text);
+        return 0;
+    }
+    if (!ascii && PyUnicode_CheckExact(text)) {
+        if ((m->seq = PyUnicode_AsUTF8AndSize(text, &m->seq_len)) != NULL)
+            return 0;
+        PyErr_Clear(); /* not encodable (a lone surrogate): Python raises */
+    }
+    fields_done(m);
+    return 1;
+}
+
+/* The walk of both builders over batch[start:]: for each message, when its
+ * parts are new, on_parts(ctx, parts) (0: use them, 1: leave the message to
+ * Python), then on_message(ctx, fields) (0: written, 1: leave it to Python,
+ * -1: error).  Returns the index of the first message left to Python (len
+ * when none), NULL on error.  Always inlined: each builder gets its own loop
+ * with its callbacks inlined, as when each wrote the loop out. */
+static Py_ALWAYS_INLINE inline PyObject *
+walk_batch(PyObject *batch, PyObject *start, PyObject *parts_of, PyObject *seq_fn, int ascii,
+           int (*on_parts)(void *, PyObject *), int (*on_message)(void *, routed_fields *),
+           void *ctx)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(start);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    parts_cache cache = {NULL, NULL, NULL};
+    for (; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(batch, i);
+        routed_fields m;
+        int rc = cached_parts(&cache, r, parts_of);
+        if (rc == 1 && on_parts(ctx, cache.parts) != 0)
+            break;
+        if (rc < 0 || (rc = read_fields(r, seq_fn, ascii, &m)) < 0)
+            goto error;
+        if (rc > 0)
+            break;
+        rc = on_message(ctx, &m);
+        fields_done(&m);
+        if (rc < 0)
+            goto error;
+        if (rc > 0)
+            break;
+    }
+    Py_XDECREF(cache.parts);
+    return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(cache.parts);
+    return NULL;
+}
+
+/* routelog_lines: the line's parts before and after the seq (owned by the
+ * walk's cached parts) and the list the lines go to. */
+typedef struct {
+    PyObject *lines, *prefix, *suffix;
+} lines_out;
+
+static inline int
+line_parts(void *ctx, PyObject *parts)
+{
+    lines_out *out = ctx;
+    if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) < 2
+        || !is_ascii_str(PyTuple_GET_ITEM(parts, 0)) || !is_ascii_str(PyTuple_GET_ITEM(parts, 1)))
+        return 1; /* not ASCII: Python formats this one */
+    out->prefix = PyTuple_GET_ITEM(parts, 0);
+    out->suffix = PyTuple_GET_ITEM(parts, 1);
+    return 0;
+}
+
+static inline int
+line_message(void *ctx, routed_fields *m)
+{
+    lines_out *out = ctx;
+    char digits[48];
+    int tn = snprintf(digits, 24, "%lld", (long long)m->time_us);
+    int zn = snprintf(digits + 24, 24, "%zd", m->size);
+    static const char A[] = "{\"time_us\":", B[] = ",", C[] = ",\"seq\":\"", D[] = "\",\"size\":";
+    Py_ssize_t len = (Py_ssize_t)(sizeof(A) - 1 + tn + sizeof(B) - 1 + sizeof(C) - 1
+                                  + sizeof(D) - 1 + zn) + m->seq_len
+                     + PyUnicode_GET_LENGTH(out->prefix) + PyUnicode_GET_LENGTH(out->suffix);
+    PyObject *line = PyUnicode_New(len, 127);
+    if (line == NULL)
+        return -1;
+    char *p = (char *)PyUnicode_1BYTE_DATA(line);
+    put_lit(&p, A, sizeof(A) - 1);
+    put_lit(&p, digits, (size_t)tn);
+    put_lit(&p, B, sizeof(B) - 1);
+    put(&p, out->prefix);
+    put_lit(&p, C, sizeof(C) - 1);
+    put_lit(&p, m->seq, (size_t)m->seq_len);
+    put_lit(&p, D, sizeof(D) - 1);
+    put_lit(&p, digits + 24, (size_t)zn);
+    put(&p, out->suffix);
+    int rc = PyList_Append(out->lines, line);
+    Py_DECREF(line);
+    return rc;
+}
+
 /* routelog_lines(batch, start, lines, parts_of, seq_text) -> index
  *
  * Appends to ``lines`` the record line of batch[start], batch[start + 1],
@@ -294,144 +529,8 @@ routelog_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "routelog_lines(list, int, list, callable, callable)");
         return NULL;
     }
-    PyObject *batch = args[0], *lines = args[2], *parts_of = args[3], *seq_text = args[4];
-    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
-    if (i == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(batch);
-    PyObject *last_sender = NULL, *last_recips = NULL, *prefix = NULL, *suffix = NULL;
-    PyObject *parts = NULL;  /* owns prefix and suffix */
-    for (; i < n; i++) {
-        PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *sender = attr(r, s_sender);
-        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
-        if (recips == NULL) {
-            Py_XDECREF(sender);
-            goto error;
-        }
-        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
-                    && sender == last_sender && recips == last_recips;
-        if (!reuse) {
-            Py_XDECREF(parts);
-            parts = PyObject_CallOneArg(parts_of, r);
-            if (parts == NULL) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                goto error;
-            }
-            if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) < 2
-                || !is_ascii_str(PyTuple_GET_ITEM(parts, 0))
-                || !is_ascii_str(PyTuple_GET_ITEM(parts, 1))) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                break; /* not ASCII: Python formats this one */
-            }
-            prefix = PyTuple_GET_ITEM(parts, 0);
-            suffix = PyTuple_GET_ITEM(parts, 1);
-            /* Keep identities only while parts holds them alive (its third
-             * item is the recipient tuple; the sender stays attached). */
-            last_sender = sender;
-            last_recips = recips;
-        }
-        Py_DECREF(sender);
-        Py_DECREF(recips);
-
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto error;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
-            break;
-        }
-        double us = PyFloat_AS_DOUBLE(t) * 1e6;
-        Py_DECREF(t);
-        if (!(us > -9.0e18 && us < 9.0e18))
-            break; /* NaN, inf, out of range: Python says what happens */
-        long long time_us = (long long)us; /* truncation, as int() */
-
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
-            goto error;
-        Py_ssize_t size = PyObject_Length(f);
-        Py_DECREF(f);
-        if (size < 0)
-            goto error;
-
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
-            goto error;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
-            break;
-        }
-        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
-        if (seq == NULL && PyErr_Occurred()) {
-            Py_DECREF(h);
-            goto error;
-        }
-        const char *sq = NULL;
-        Py_ssize_t sq_len = 0;
-        PyObject *sq_obj = NULL;
-        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
-            const char *b = PyBytes_AS_STRING(seq);
-            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
-            while (k < m && b[k] >= '0' && b[k] <= '9')
-                k++;
-            if (k == m) {
-                sq = b;
-                sq_len = m;
-            }
-        }
-        if (sq == NULL) {
-            sq_obj = PyObject_CallOneArg(seq_text, seq != NULL ? seq : Py_None);
-            if (sq_obj == NULL) {
-                Py_DECREF(h);
-                goto error;
-            }
-            if (!is_ascii_str(sq_obj)) {
-                Py_DECREF(sq_obj);
-                Py_DECREF(h);
-                break;
-            }
-            sq = (const char *)PyUnicode_1BYTE_DATA(sq_obj);
-            sq_len = PyUnicode_GET_LENGTH(sq_obj);
-        }
-        char digits[48];
-        int tn = snprintf(digits, 24, "%lld", time_us);
-        int zn = snprintf(digits + 24, 24, "%zd", size);
-        static const char A[] = "{\"time_us\":", B[] = ",", C[] = ",\"seq\":\"",
-                          D[] = "\",\"size\":";
-        Py_ssize_t len = (Py_ssize_t)(sizeof(A) - 1 + tn + sizeof(B) - 1 + sizeof(C) - 1
-                                      + sizeof(D) - 1 + zn) + sq_len
-                         + PyUnicode_GET_LENGTH(prefix) + PyUnicode_GET_LENGTH(suffix);
-        PyObject *line = PyUnicode_New(len, 127);
-        if (line == NULL) {
-            Py_XDECREF(sq_obj);
-            Py_DECREF(h);
-            goto error;
-        }
-        char *p = (char *)PyUnicode_1BYTE_DATA(line);
-        put_lit(&p, A, sizeof(A) - 1);
-        put_lit(&p, digits, (size_t)tn);
-        put_lit(&p, B, sizeof(B) - 1);
-        put(&p, prefix);
-        put_lit(&p, C, sizeof(C) - 1);
-        put_lit(&p, sq, (size_t)sq_len);
-        put_lit(&p, D, sizeof(D) - 1);
-        put_lit(&p, digits + 24, (size_t)zn);
-        put(&p, suffix);
-        Py_XDECREF(sq_obj);
-        Py_DECREF(h);
-        int rc = PyList_Append(lines, line);
-        Py_DECREF(line);
-        if (rc < 0)
-            goto error;
-    }
-    Py_XDECREF(parts);
-    return PyLong_FromSsize_t(i);
-error:
-    Py_XDECREF(parts);
-    return NULL;
+    lines_out out = {args[2], NULL, NULL};
+    return walk_batch(args[0], args[1], args[3], args[4], 1, line_parts, line_message, &out);
 }
 
 /* Append n bytes to a bytearray (amortised growth: PyByteArray_Resize over-allocates). */
@@ -446,6 +545,43 @@ ba_append(PyObject *ba, const void *data, Py_ssize_t n)
     if (PyByteArray_Resize(ba, old + n) < 0)
         return -1;
     memcpy(PyByteArray_AS_STRING(ba) + old, data, (size_t)n);
+    return 0;
+}
+
+/* routelog_columns: the five bytearrays and the key of the current parts. */
+typedef struct {
+    PyObject *times, *sizes, *keys, *ends, *data;
+    int32_t key;
+} columns_out;
+
+static inline int
+column_parts(void *ctx, PyObject *parts)
+{
+    long k = -1;
+    if (PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) >= 2
+        && PyLong_CheckExact(PyTuple_GET_ITEM(parts, 0)))
+        k = PyLong_AsLong(PyTuple_GET_ITEM(parts, 0));
+    if (k < 0 || k > INT32_MAX) {
+        PyErr_Clear();
+        return 1; /* unexpected: Python handles this one */
+    }
+    ((columns_out *)ctx)->key = (int32_t)k;
+    return 0;
+}
+
+static inline int
+column_message(void *ctx, routed_fields *m)
+{
+    columns_out *out = ctx;
+    Py_ssize_t end = PyByteArray_GET_SIZE(out->data) + m->seq_len;
+    if (end > INT32_MAX)
+        return 1; /* the caller hands off before 2 GiB of seqs; Python raises */
+    int32_t end32 = (int32_t)end;
+    int64_t size = (int64_t)m->size;
+    if (ba_append(out->data, m->seq, m->seq_len) < 0 || ba_append(out->times, &m->time_us, 8) < 0
+        || ba_append(out->sizes, &size, 8) < 0 || ba_append(out->keys, &out->key, 4) < 0
+        || ba_append(out->ends, &end32, 4) < 0)
+        return -1;
     return 0;
 }
 
@@ -472,140 +608,17 @@ routelog_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "routelog_columns(list, int, (5 bytearrays), callable, callable)");
         return NULL;
     }
-    PyObject *batch = args[0], *cols = args[2], *parts_of = args[3], *seq_value = args[4];
+    PyObject *cols = args[2];
     for (int c = 0; c < 5; c++) {
         if (!PyByteArray_CheckExact(PyTuple_GET_ITEM(cols, c))) {
             PyErr_SetString(PyExc_TypeError, "routelog_columns: cols must be bytearrays");
             return NULL;
         }
     }
-    PyObject *times = PyTuple_GET_ITEM(cols, 0), *sizes = PyTuple_GET_ITEM(cols, 1);
-    PyObject *keys = PyTuple_GET_ITEM(cols, 2), *ends = PyTuple_GET_ITEM(cols, 3);
-    PyObject *data = PyTuple_GET_ITEM(cols, 4);
-    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
-    if (i == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(batch);
-    PyObject *last_sender = NULL, *last_recips = NULL, *parts = NULL;
-    int32_t key = 0;
-    for (; i < n; i++) {
-        PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *sender = attr(r, s_sender);
-        PyObject *recips = sender ? attr(r, s_recipients) : NULL;
-        if (recips == NULL) {
-            Py_XDECREF(sender);
-            goto error;
-        }
-        int reuse = PyTuple_CheckExact(recips) && PyTuple_GET_SIZE(recips) > 0
-                    && sender == last_sender && recips == last_recips;
-        if (!reuse) {
-            Py_XDECREF(parts);
-            parts = PyObject_CallOneArg(parts_of, r);
-            if (parts == NULL) {
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                goto error;
-            }
-            long k = -1;
-            if (PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) >= 2
-                && PyLong_CheckExact(PyTuple_GET_ITEM(parts, 0)))
-                k = PyLong_AsLong(PyTuple_GET_ITEM(parts, 0));
-            if (k < 0 || k > INT32_MAX) {
-                PyErr_Clear();
-                Py_DECREF(sender);
-                Py_DECREF(recips);
-                break; /* unexpected: Python handles this one */
-            }
-            key = (int32_t)k;
-            /* Identities are kept only while parts holds the recipient tuple
-             * (its second item); the sender stays attached meanwhile. */
-            last_sender = sender;
-            last_recips = recips;
-        }
-        Py_DECREF(sender);
-        Py_DECREF(recips);
-
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto error;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
-            break;
-        }
-        double us = PyFloat_AS_DOUBLE(t) * 1e6;
-        Py_DECREF(t);
-        if (!(us > -9.0e18 && us < 9.0e18))
-            break; /* NaN, inf, out of range: Python says what happens */
-        int64_t time_us = (int64_t)us; /* truncation, as int() */
-
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
-            goto error;
-        Py_ssize_t fsize = PyObject_Length(f);
-        Py_DECREF(f);
-        if (fsize < 0)
-            goto error;
-        int64_t size = (int64_t)fsize;
-
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
-            goto error;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
-            break;
-        }
-        PyObject *seq = PyDict_GetItemWithError(h, t_seq); /* borrowed from h */
-        if (seq == NULL && PyErr_Occurred()) {
-            Py_DECREF(h);
-            goto error;
-        }
-        const char *sq = NULL;
-        Py_ssize_t sq_len = 0;
-        PyObject *sq_obj = NULL;
-        if (seq != NULL && PyBytes_CheckExact(seq) && PyBytes_GET_SIZE(seq) > 0) {
-            const char *b = PyBytes_AS_STRING(seq);
-            Py_ssize_t k = 0, m = PyBytes_GET_SIZE(seq);
-            while (k < m && b[k] >= '0' && b[k] <= '9')
-                k++;
-            if (k == m) {
-                sq = b;
-                sq_len = m;
-            }
-        }
-        if (sq == NULL) {
-            sq_obj = PyObject_CallOneArg(seq_value, seq != NULL ? seq : Py_None);
-            if (sq_obj == NULL) {
-                Py_DECREF(h);
-                goto error;
-            }
-            if (!PyUnicode_CheckExact(sq_obj)
-                || (sq = PyUnicode_AsUTF8AndSize(sq_obj, &sq_len)) == NULL) {
-                PyErr_Clear();
-                Py_DECREF(sq_obj);
-                Py_DECREF(h);
-                break;
-            }
-        }
-        Py_ssize_t end = PyByteArray_GET_SIZE(data) + sq_len;
-        int rc = end > INT32_MAX ? 1 : 0;
-        if (rc) {
-            Py_XDECREF(sq_obj);
-            Py_DECREF(h);
-            break; /* the caller hands off before 2 GiB of seqs; Python raises */
-        }
-        int32_t end32 = (int32_t)end;
-        rc = ba_append(data, sq, sq_len);
-        Py_XDECREF(sq_obj);
-        Py_DECREF(h);
-        if (rc < 0 || ba_append(times, &time_us, 8) < 0 || ba_append(sizes, &size, 8) < 0
-            || ba_append(keys, &key, 4) < 0 || ba_append(ends, &end32, 4) < 0)
-            goto error;
-    }
-    Py_XDECREF(parts);
-    return PyLong_FromSsize_t(i);
-error:
-    Py_XDECREF(parts);
-    return NULL;
+    columns_out out = {PyTuple_GET_ITEM(cols, 0), PyTuple_GET_ITEM(cols, 1),
+                       PyTuple_GET_ITEM(cols, 2), PyTuple_GET_ITEM(cols, 3),
+                       PyTuple_GET_ITEM(cols, 4), 0};
+    return walk_batch(args[0], args[1], args[3], args[4], 0, column_parts, column_message, &out);
 }
 
 /* batch_key(batch, server) -> (group, instance, to, one_run), None or NotImplemented.
@@ -661,11 +674,11 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         if (raises)
             continue; /* only a server difference can still change the answer */
-        PyObject *h = attr(r, s_header);
-        if (h == NULL)
+        PyObject *h;
+        int rc = typed_attr(r, s_header, &PyDict_Type, &h);
+        if (rc < 0)
             goto done;
-        if (!PyDict_CheckExact(h)) {
-            Py_DECREF(h);
+        if (rc > 0) {
             raises = 1;
             continue;
         }
@@ -702,16 +715,15 @@ batch_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         result = Py_NewRef(Py_None);
         goto done;
     }
-    long long s0, first, s1, last;
-    int rc;
-    PyObject *head = PyList_GET_ITEM(batch, 0), *tail = PyList_GET_ITEM(batch, n - 1);
-    if ((rc = long_of(head, s_session, &s0)) || (rc = long_of(head, s_instance, &first))
-        || (rc = long_of(tail, s_session, &s1)) || (rc = long_of(tail, s_instance, &last))) {
+    long long ends[4]; /* session, first instance, last session, last instance */
+    int rc = batch_ends(batch, ends);
+    if (rc != 0) {
         result = rc < 0 ? NULL : not_here();
         goto done;
     }
+    long long first = ends[1], last = ends[3];
     /* last - first == n - 1 without signed overflow. */
-    int one_run = !senders && s0 == s1 && last >= first
+    int one_run = !senders && ends[0] == ends[2] && last >= first
                   && (unsigned long long)last - (unsigned long long)first
                          == (unsigned long long)(n - 1);
     result = PyTuple_Pack(4, key[0], key[1], key[2], one_run ? Py_True : Py_False);
@@ -748,12 +760,13 @@ run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t total = 0, largest = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(batch, i);
-        PyObject *f = attr(r, s_frame);
-        if (f == NULL)
+        PyObject *f;
+        int rc = typed_attr(r, s_frame, &PyBytes_Type, &f);
+        if (rc < 0)
             goto error;
-        PyList_SET_ITEM(frames, i, f); /* the list owns it (NULL items are freed safely) */
-        if (!PyBytes_CheckExact(f))
+        if (rc > 0)
             goto declined;
+        PyList_SET_ITEM(frames, i, f); /* the list owns it (NULL items are freed safely) */
         Py_ssize_t size = PyBytes_GET_SIZE(f);
         if (size > largest)
             largest = size;
@@ -762,15 +775,12 @@ run_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (end == NULL)
             goto error;
         PyList_SET_ITEM(ends, i, end);
-        PyObject *t = attr(r, s_timestamp);
-        if (t == NULL)
-            goto error;
-        if (!PyFloat_CheckExact(t)) {
-            Py_DECREF(t);
+        double d;
+        if ((rc = float_of(r, s_timestamp, &d)) != 0) {
+            if (rc < 0)
+                goto error;
             goto declined;
         }
-        double d = PyFloat_AS_DOUBLE(t);
-        Py_DECREF(t);
         memcpy(out + 8 * i, &d, 8);
     }
     Py_DECREF(batch);
@@ -790,22 +800,25 @@ error:
 #endif
 }
 
+/* A METH_FASTCALL entry (the cast through void (*)(void) is CPython's own idiom for it). */
+#define FASTCALL(fn, doc) {#fn, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
 static PyMethodDef methods[] = {
-    {"routelog_lines", (PyCFunction)(void (*)(void))routelog_lines, METH_FASTCALL,
-     "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first message "
-     "left to Python (see broker/observability/routelog/record.py)."},
-    {"routelog_columns", (PyCFunction)(void (*)(void))routelog_columns, METH_FASTCALL,
-     "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first message "
-     "left to Python (see broker/observability/routelog/columns.py)."},
-    {"batch_key", (PyCFunction)(void (*)(void))batch_key, METH_FASTCALL,
-     "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
-     "(see broker/cluster/subject_runs.py)."},
-    {"run_parts", (PyCFunction)(void (*)(void))run_parts, METH_FASTCALL,
-     "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
-     "(see broker/cluster/subject_runs.py)."},
-    {"batch_row", (PyCFunction)(void (*)(void))batch_row, METH_FASTCALL,
-     "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of a "
-     "one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."},
+    FASTCALL(routelog_lines,
+             "routelog_lines(batch, start, lines, parts_of, seq_text) -> index of the first "
+             "message left to Python (see broker/observability/routelog/record.py)."),
+    FASTCALL(routelog_columns,
+             "routelog_columns(batch, start, cols, parts_of, seq_value) -> index of the first "
+             "message left to Python (see broker/observability/routelog/columns.py)."),
+    FASTCALL(batch_key,
+             "batch_key(batch, server): (group, instance, to, one_run), None, or NotImplemented "
+             "(see broker/cluster/subject_runs.py)."),
+    FASTCALL(run_parts,
+             "run_parts(batch): (frames, ends, stamps, largest) or NotImplemented "
+             "(see broker/cluster/subject_runs.py)."),
+    FASTCALL(batch_row,
+             "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of "
+             "a one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -815,22 +828,27 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
+/* The attribute names (interned str) and header tags (bytes) the loops look up. */
+static const struct {
+    PyObject **var;
+    const char *text;
+    int tag;
+} NAMES[] = {
+    {&s_header, "header", 0},     {&s_frame, "frame", 0},     {&s_timestamp, "timestamp", 0},
+    {&s_delivered, "delivered", 0}, {&s_session, "session", 0}, {&s_instance, "instance", 0},
+    {&s_sender, "sender", 0},     {&s_recipients, "recipients", 0}, {&s_server, "server", 0},
+    {&t_group, "group", 1},       {&t_instance, "instance", 1}, {&t_seq, "seq", 1},
+    {&t_to, "to", 1},
+};
+
 PyMODINIT_FUNC
 PyInit__observer_speedups(void)
 {
-    if (!(s_header = PyUnicode_InternFromString("header"))
-        || !(s_frame = PyUnicode_InternFromString("frame"))
-        || !(s_timestamp = PyUnicode_InternFromString("timestamp"))
-        || !(s_delivered = PyUnicode_InternFromString("delivered"))
-        || !(s_session = PyUnicode_InternFromString("session"))
-        || !(s_instance = PyUnicode_InternFromString("instance"))
-        || !(t_group = PyBytes_FromString("group"))
-        || !(t_instance = PyBytes_FromString("instance"))
-        || !(t_seq = PyBytes_FromString("seq"))
-        || !(s_sender = PyUnicode_InternFromString("sender"))
-        || !(s_recipients = PyUnicode_InternFromString("recipients"))
-        || !(s_server = PyUnicode_InternFromString("server"))
-        || !(t_to = PyBytes_FromString("to")))
-        return NULL;
+    for (size_t i = 0; i < sizeof(NAMES) / sizeof(NAMES[0]); i++) {
+        *NAMES[i].var = NAMES[i].tag ? PyBytes_FromString(NAMES[i].text)
+                                     : PyUnicode_InternFromString(NAMES[i].text);
+        if (*NAMES[i].var == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }

@@ -99,25 +99,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+# The flags that override a configuration key (config.override names each one's key),
+# in the order they are applied.
+CONFIG_FLAGS = ("host", "server_id", "cluster", "skan_port", "hsp_port", "eventer_port",
+                "mariner_port", "metrics_port", "log_dir", "store_dir", "store_writer",
+                "log_level", "log_format", "reuse_port")
+
+
 def build_config(args: argparse.Namespace) -> config.Config:
-    cfg = config.load(args.config)
-    return config.override(
-        cfg,
-        host=args.host,
-        server_id=args.server_id,
-        cluster=tuple(args.cluster) if args.cluster else None,
-        skan_port=args.skan_port,
-        hsp_port=args.hsp_port,
-        eventer_port=args.eventer_port,
-        mariner_port=args.mariner_port,
-        metrics_port=args.metrics_port,
-        log_dir=args.log_dir,
-        store_dir=args.store_dir,
-        store_writer=args.store_writer,
-        log_level=args.log_level,
-        log_format=args.log_format,
-        reuse_port=args.reuse_port,
-    )
+    flags = {name: getattr(args, name) for name in CONFIG_FLAGS}
+    flags["cluster"] = tuple(args.cluster) if args.cluster else None
+    return config.override(config.load(args.config), **flags)
 
 
 # ---- diagnostics ----------------------------------------------------------------------

@@ -449,10 +449,7 @@ class Backplane(Endpoint):
         if found is not None:
             # The common run: one publisher's sends on one routing key.
             lname, headers, key = found
-            if not subjects.owns(lname, publisher):
-                self.count_forged(f"{subject.decode(errors='replace')}: frames from "
-                                  f"{lname.decode(errors='replace')!r}, not a client of "
-                                  f"broker {server}")
+            if self._forged_sender(subject, lname, publisher):
                 return
             try:
                 self.router.route_run(self._sender(lname, claim), frames, headers, key,
@@ -488,10 +485,7 @@ class Backplane(Endpoint):
                 self.count_malformed(f"{subject.decode(errors='replace')}: routed frame "
                                      "without DATA group, instance, to and from")
                 continue
-            if not subjects.owns(sender, token):
-                self.count_forged(f"{subject.decode(errors='replace')}: frame from "
-                                  f"{sender.decode(errors='replace')!r}, not a client of "
-                                  f"broker {server}")
+            if self._forged_sender(subject, sender, token):
                 continue
             try:
                 route(self._sender(sender, claim), frame, header,
@@ -521,6 +515,16 @@ class Backplane(Endpoint):
         self.forged += 1
         if self.on_malformed is not None:
             self.on_malformed("forged: " + reason)
+
+    def _forged_sender(self, subject: bytes, lname: bytes, publisher: bytes) -> bool:
+        """True, counted and reported, when ``lname`` is not a client of the
+        publishing broker (``publisher``: its server id's digits)."""
+        if subjects.owns(lname, publisher):
+            return False
+        self.count_forged(f"{subject.decode(errors='replace')}: frame from "
+                          f"{lname.decode(errors='replace')!r}, not a client of "
+                          f"broker {publisher.decode()}")
+        return True
 
     def count_malformed(self, reason: str) -> None:
         """Count a message from NATS that could not be used, and report it."""

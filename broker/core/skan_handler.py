@@ -110,6 +110,13 @@ def _data(header: dict[bytes, Any], tag: bytes, what: str, seq: bytes | None) ->
     return value
 
 
+def _group_instance(header: dict[bytes, Any], what: str,
+                    seq: bytes | None) -> tuple[bytes, bytes]:
+    """The DATA group and instance of a subscribe or unsubscribe (``what``);
+    raises :class:`Refused` answering ``seq``."""
+    return _data(header, b"group", what, seq), _data(header, b"instance", what, seq)
+
+
 def check_payload_json(header: dict[bytes, Any]) -> str | None:
     """Why a send's ``payload-json`` tag (the exact Hat JSON payload, see
     :mod:`wire.skan.eventjson`) is refused, or None when it is sound.
@@ -230,9 +237,7 @@ class SkanHandler:
         if mtype == b"subscribe":
             self._subscribe(header, seq)
         elif mtype == b"unsubscribe":
-            group = _data(header, b"group", "unsubscribe", seq)
-            instance = _data(header, b"instance", "unsubscribe", seq)
-            self.router.unsubscribe(self.endpoint, group, instance)
+            self.router.unsubscribe(self.endpoint, *_group_instance(header, "unsubscribe", seq))
         elif mtype == b"stats":
             self.endpoint.send_control({"stats": self.router.stats()})
         elif mtype == b"getlname":
@@ -275,8 +280,7 @@ class SkanHandler:
         )
 
     def _subscribe(self, header: dict[bytes, Any], seq: bytes | None) -> None:
-        group = _data(header, b"group", "subscribe", seq)
-        instance = _data(header, b"instance", "subscribe", seq)
+        group, instance = _group_instance(header, "subscribe", seq)
         raw = header.get(b"subtype", b"normal")
         subtype = SUBTYPES.get(raw) if type(raw) is bytes else None
         if subtype is None:

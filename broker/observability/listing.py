@@ -35,7 +35,7 @@ import itertools
 import json
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from operator import itemgetter
 from typing import Any
 
@@ -277,6 +277,53 @@ def _flag(params: dict[str, list[str]], name: str) -> bool:
     raise BadQuery(f"parameter {name!r} must be 1 or 0")
 
 
+@attrs.frozen
+class ListQuery:
+    """What /connections and /subscriptions share of their query: the page,
+    the order and the filters (both rows start lname, protocol, user)."""
+
+    offset: int
+    limit: int
+    sort: str
+    descending: bool
+    protocol: str | None
+    user: str | None
+    group: str | None
+    lname: str | None
+
+    @classmethod
+    def parse(cls, params: dict[str, list[str]], sorts: Collection[str], default_sort: str,
+              default_desc: Callable[[str], bool]) -> ListQuery:
+        offset = _int(params, "offset", 0)
+        limit = _int(params, "limit", DEFAULT_LIMIT, MAX_LIMIT)
+        sort = _one(params, "sort") or default_sort
+        if sort not in sorts:
+            raise BadQuery(f"parameter 'sort' must be one of {', '.join(sorts)}")
+        return cls(offset, limit, sort, _order(params, default_desc(sort)),
+                   _one(params, "protocol"), _one(params, "user"), _one(params, "group"),
+                   _one(params, "lname"))
+
+    def select(self, rows: list[tuple]) -> list[tuple]:
+        """The rows that pass the protocol, user and lname filters."""
+        if self.protocol is not None:
+            rows = [r for r in rows if r[1] == self.protocol]
+        if self.user is not None:
+            rows = [r for r in rows if r[2] == self.user]
+        if self.lname is not None:
+            rows = [r for r in rows if r[0] == self.lname]
+        return rows
+
+    def page(self, rows: list[tuple]) -> list[tuple]:
+        return rows[self.offset:self.offset + self.limit]
+
+    def reply(self, head: dict[str, Any], name: str, page: list[dict[str, Any]]) -> bytes:
+        """The JSON reply: ``head``, the paging and order asked, then the page as ``name``."""
+        body = {**head, "offset": self.offset, "limit": self.limit, "sort": self.sort,
+                "order": "desc" if self.descending else "asc", name: page}
+        # Compact: the C encoder (pretty-printing falls back to Python's, ~10x slower).
+        return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
 @attrs.define(eq=False)
 class Listing:
     """Answers /connections and /subscriptions from snapshots of ``router``."""
@@ -340,33 +387,20 @@ class Listing:
 
     async def connections_json(self, target: str) -> bytes:
         params = parse_query(target, CONNECTION_PARAMS)
-        offset = _int(params, "offset", 0)
-        limit = _int(params, "limit", DEFAULT_LIMIT, MAX_LIMIT)
-        sort = _one(params, "sort") or "since"
-        if sort not in CONNECTION_SORTS:
-            raise BadQuery(f"parameter 'sort' must be one of {', '.join(CONNECTION_SORTS)}")
-        field_name, default_desc = CONNECTION_SORTS[sort]
-        descending = _order(params, default_desc)
-        protocol = _one(params, "protocol")
-        user = _one(params, "user")
-        group = _one(params, "group")
-        lname = _one(params, "lname")
+        q = ListQuery.parse(params, CONNECTION_SORTS, "since",
+                            lambda sort: CONNECTION_SORTS[sort][1])
         subs = _flag(params, "subs")
 
         snap = await self.connections.get(None)
-        rows = await snap.ordered(_IX[field_name], descending, field_name)
-        if group is not None:
-            holders = {_text(ep.lname) for ep in self.router.group_holders(group.encode())}
+        field_name = CONNECTION_SORTS[q.sort][0]
+        rows = await snap.ordered(_IX[field_name], q.descending, field_name)
+        if q.group is not None:
+            holders = {_text(ep.lname) for ep in self.router.group_holders(q.group.encode())}
             rows = [r for r in rows if r[0] in holders]
-        if protocol is not None:
-            rows = [r for r in rows if r[1] == protocol]
-        if user is not None:
-            rows = [r for r in rows if r[2] == user]
-        if lname is not None:
-            rows = [r for r in rows if r[0] == lname]
+        rows = q.select(rows)
         now = self.router.clock()
         page = []
-        for r in rows[offset:offset + limit]:
+        for r in q.page(rows):
             row = dict(zip(_FIELDS, r, strict=True))
             since = row["since"]
             row["since"] = _iso(since)
@@ -380,49 +414,24 @@ class Listing:
                         subscription_entry(*s)
                         for s in self.router.subscriptions_of(ep, SUBS_PER_CONNECTION)]
             page.append(row)
-        body = {
-            "now": _iso(now),
-            "snapshot": _iso(snap.taken),
-            "total": len(rows),
-            "connections_seen": len(snap.rows),
-            "offset": offset,
-            "limit": limit,
-            "sort": sort,
-            "order": "desc" if descending else "asc",
-            "connections": page,
-        }
-        # Compact: the C encoder (pretty-printing falls back to Python's, ~10x slower).
-        return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        head = {"now": _iso(now), "snapshot": _iso(snap.taken), "total": len(rows),
+                "connections_seen": len(snap.rows)}
+        return q.reply(head, "connections", page)
 
     # ---- /subscriptions ----------------------------------------------------
 
     async def subscriptions_json(self, target: str) -> bytes:
-        params = parse_query(target, SUBSCRIPTION_PARAMS)
-        offset = _int(params, "offset", 0)
-        limit = _int(params, "limit", DEFAULT_LIMIT, MAX_LIMIT)
-        sort = _one(params, "sort") or "group"
-        if sort not in SUBSCRIPTION_SORTS:
-            raise BadQuery(f"parameter 'sort' must be one of {', '.join(SUBSCRIPTION_SORTS)}")
-        descending = _order(params, False)
-        protocol = _one(params, "protocol")
-        user = _one(params, "user")
-        group = _one(params, "group")
-        lname = _one(params, "lname")
-
-        snap = await self.subscriptions.get(group)
-        rows = snap.orders.get((sort, descending))
+        q = ListQuery.parse(parse_query(target, SUBSCRIPTION_PARAMS), SUBSCRIPTION_SORTS,
+                            "group", lambda _sort: False)
+        snap = await self.subscriptions.get(q.group)
+        rows = snap.orders.get((q.sort, q.descending))
         if rows is None:
-            key = itemgetter(3, 4, 5, 0) if sort == "group" else itemgetter(0, 3, 4, 5)
-            rows = snap.orders[(sort, descending)] = await sliced_sort(snap.rows, key,
-                                                                       descending)
-        if protocol is not None:
-            rows = [r for r in rows if r[1] == protocol]
-        if user is not None:
-            rows = [r for r in rows if r[2] == user]
-        if lname is not None:
-            rows = [r for r in rows if r[0] == lname]
+            key = itemgetter(3, 4, 5, 0) if q.sort == "group" else itemgetter(0, 3, 4, 5)
+            rows = snap.orders[(q.sort, q.descending)] = await sliced_sort(snap.rows, key,
+                                                                           q.descending)
+        rows = q.select(rows)
         page = []
-        for r in rows[offset:offset + limit]:
+        for r in q.page(rows):
             entry: dict[str, Any] = {"lname": r[0], "protocol": r[1], "user": r[2]}
             if r[5]:
                 entry["pattern"] = r[5]
@@ -431,18 +440,8 @@ class Listing:
                 entry["instance"] = r[4]
             entry["subtype"] = r[6]
             page.append(entry)
-        body = {
-            "now": _iso(self.router.clock()),
-            "snapshot": _iso(snap.taken),
-            "subscriptions_total": self.router.subscription_count,
-            "groups": self.router.group_count,
-            "total": len(rows),
-            "truncated": snap.truncated,
-            "offset": offset,
-            "limit": limit,
-            "sort": sort,
-            "order": "desc" if descending else "asc",
-            "subscriptions": page,
-        }
-        # Compact: the C encoder (pretty-printing falls back to Python's, ~10x slower).
-        return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        head = {"now": _iso(self.router.clock()), "snapshot": _iso(snap.taken),
+                "subscriptions_total": self.router.subscription_count,
+                "groups": self.router.group_count, "total": len(rows),
+                "truncated": snap.truncated}
+        return q.reply(head, "subscriptions", page)

@@ -163,31 +163,21 @@ class BrokerCollector(Collector):
             accepted.add_metric([proto], v["accepted"])
         yield open_
         yield accepted
-        closed = CounterMetricFamily("skan_connections_closed", "Connections closed, by reason.",
-                                     labels=["protocol", "reason"])
-        for key, n in sorted({**dict.fromkeys(self.closed_keys, 0), **c.closed}.items()):
-            closed.add_metric(list(_split(key)), n)
-        yield closed
+        yield _by_key("skan_connections_closed", "Connections closed, by reason.", "reason",
+                      self.closed_keys, c.closed)
         yield _counter("skan_slow_consumer_disconnects",
                        "Connections closed because their outgoing queue was full "
                        "(slow_consumer = disconnect).", c.slow_consumer_disconnects)
-        errors = CounterMetricFamily("skan_protocol_errors",
-                                     "Protocol errors (malformed or refused input).",
-                                     labels=["protocol", "reason"])
-        labelled = 0
-        for key, n in sorted({**dict.fromkeys(self.error_keys, 0), **c.errors}.items()):
-            errors.add_metric(list(_split(key)), n)
-            labelled += n
+        errors = _by_key("skan_protocol_errors", "Protocol errors (malformed or refused input).",
+                         "reason", self.error_keys, c.errors)
+        labelled = sum(sample.value for sample in errors.samples)
         # Adapters that only bump the plain total still show up.
         errors.add_metric(["unknown", "unlabelled"], c.protocol_errors - labelled)
         yield errors
-        refused = CounterMetricFamily("skan_connections_refused",
-                                      "Connections refused at accept because max_connections "
-                                      "(broker-wide or the listener's) was reached.",
-                                      labels=["protocol", "reason"])
-        for key, n in sorted({**dict.fromkeys(self.refused_keys, 0), **c.refused}.items()):
-            refused.add_metric(list(_split(key)), n)
-        yield refused
+        yield _by_key("skan_connections_refused",
+                      "Connections refused at accept because max_connections "
+                      "(broker-wide or the listener's) was reached.", "reason",
+                      self.refused_keys, c.refused)
         yield _counter("skan_accept_errors",
                        "accept() calls that failed for lack of descriptors or memory "
                        "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
@@ -204,14 +194,11 @@ class BrokerCollector(Collector):
         for proto in sorted({*listeners, *c.auth_failures}):
             failures.add_metric([proto], c.auth_failures.get(proto, 0))
         yield failures
-        denied = CounterMetricFamily(
+        keys = [f"{p}:{a}" for p in self.protocols for a in ("publish", "subscribe")]
+        yield _by_key(
             "skan_permission_denied",
             "Sends (publish) and subscriptions (subscribe) refused by the user's permissions.",
-            labels=["protocol", "action"])
-        keys = {f"{p}:{a}" for p in self.protocols for a in ("publish", "subscribe")}
-        for key in sorted(keys | set(c.permission_denied)):
-            denied.add_metric(list(_split(key)), c.permission_denied.get(key, 0))
-        yield denied
+            "action", keys, c.permission_denied)
 
     def _traffic(self, router: Router, per: dict[str, dict[str, int]]) -> Iterator[Metric]:
         c = router.counters
@@ -440,6 +427,17 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _by_key(name: str, doc: str, label: str, known: Iterable[str],
+            counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter of "protocol:<label>" keys (Counters' dicts), sorted: every
+    known key, 0 until counted, so its series exists from the start, and
+    every key counted."""
+    family = CounterMetricFamily(name, doc, labels=["protocol", label])
+    for key, n in sorted({**dict.fromkeys(known, 0), **counts}.items()):
+        family.add_metric(list(_split(key)), n)
+    return family
 
 
 def build_registry(ctx: BrokerContext, protocols: Iterable[str] = ("skan",),

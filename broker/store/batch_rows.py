@@ -9,6 +9,17 @@ exact: every event of a run has the run's type, and the run's first and
 last events are its smallest and largest in (timestamp, session,
 instance) order, because a run only grows while timestamps do not go back.
 
+A run may also continue across sessions: independent publishers (one
+message per write) make each message its own routing batch, hence its own
+session, and a row per message cost SQLite about 14 us of the writer's CPU
+per message (``python -m bench.store_row_cost``).  Consecutive events of
+one type (in routing order, so in EventId order) therefore stay one run
+whatever their sessions; such a run keeps its EventIds in ``ids`` (packed
+session, instance pairs), and ``session``/``first`` still name its first
+event, which every index on EventIds needs (a run's events only grow).  A
+run within one session keeps ``ids`` NULL: its EventIds are (session,
+first + i).
+
 A message with a source timestamp is a run of its own (its source
 timestamp is indexed), and runs are bounded in events, bytes and time span
 (:data:`MAX_RUN`, :data:`MAX_RUN_BYTES`, :data:`MAX_RUN_SPAN`) so reading
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import accumulate, islice, repeat
 from operator import attrgetter, contains, itemgetter, le
@@ -66,8 +78,10 @@ class RunBuilder:
         "first",
         "frames",
         "grp",
+        "ids",
         "inst",
         "last",
+        "last_session",
         "nbytes",
         "session",
         "src",
@@ -76,7 +90,7 @@ class RunBuilder:
 
     def __init__(self, session: int, instance: int, grp: bytes, inst: bytes, src: int | None,
                  ts: float, delivered: int, frame: bytes) -> None:
-        self.session = session
+        self.session = self.last_session = session
         self.first = self.last = instance
         self.grp = grp
         self.inst = inst
@@ -85,15 +99,26 @@ class RunBuilder:
         self.delivered = [delivered]
         self.frames = [frame]
         self.nbytes = len(frame)
+        # EventIds as (session, instance, ...) once the run spans sessions.
+        self.ids: list[int] | None = None
 
     def takes(self, session: int, instance: int, grp: bytes, inst: bytes, ts: float,
               size: int) -> bool:
-        return (self.src is None and session == self.session and instance == self.last + 1
+        """Whether the event continues this run (the writer's loop inlines the same test)."""
+        return (self.src is None and (session, instance) > (self.last_session, self.last)
                 and grp == self.grp and inst == self.inst and ts >= self.ts[-1]
                 and ts - self.ts[0] <= MAX_RUN_SPAN and len(self.ts) < MAX_RUN
                 and self.nbytes + size <= MAX_RUN_BYTES)
 
-    def add(self, instance: int, ts: float, delivered: int, frame: bytes) -> None:
+    def add(self, session: int, instance: int, ts: float, delivered: int, frame: bytes) -> None:
+        if self.ids is not None or session != self.last_session or instance != self.last + 1:
+            ids = self.ids
+            if ids is None:
+                ids = self.ids = []
+                for i in range(self.first, self.last + 1):
+                    ids += (self.session, i)
+            ids += (session, instance)
+            self.last_session = session
         self.last = instance
         self.ts.append(ts)
         self.delivered.append(delivered)
@@ -108,7 +133,8 @@ class RunBuilder:
             offsets.append(total)
         return (self.session, self.first, self.last, self.grp, self.inst, self.ts[0],
                 self.ts[-1], self.src, self.nbytes, pack("d", self.ts),
-                pack("q", self.delivered), pack("q", offsets), b"".join(self.frames))
+                pack("q", self.delivered), pack("q", offsets), b"".join(self.frames),
+                None if self.ids is None else pack("q", self.ids))
 
 
 _header = attrgetter("header")
@@ -182,16 +208,34 @@ def batch_row(batch: list[Routed]) -> tuple | None:
 
 
 # Columns a reader selects to decode a run (see decode()).
-RUN_COLUMNS = "session, first, last, grp, inst, ts, delivered, offsets, frames, src_us"
+RUN_COLUMNS = "session, first, last, grp, inst, ts, delivered, offsets, frames, src_us, ids"
+# How many of a row's leading columns decode() reads (RUN_COLUMNS).
+RUN_WIDTH = 11
+
+
+def run_ids(session: int, first: int, last: int, ids_b: bytes | None) -> list[tuple[int, int]]:
+    """A run's EventIds, oldest first."""
+    if ids_b is None:
+        return [(session, i) for i in range(first, last + 1)]
+    ids = unpack("q", ids_b)
+    return list(zip(ids[::2], ids[1::2], strict=True))
 
 
 def decode(row: tuple, after: tuple[int, int] | None = None, reverse: bool = False
            ) -> Iterator[tuple[Entry, int | None]]:
     """(entry, source µs) of a run's events after EventId ``after``, in order or reversed."""
-    session, first, last, grp, inst, ts_b, delivered_b, offsets_b, frames, src = row
+    session, first, last, grp, inst, ts_b, delivered_b, offsets_b, frames, src, ids_b = row
     ts = unpack("d", ts_b)
     delivered = unpack("q", delivered_b)
     offsets = unpack("q", offsets_b)
+    if ids_b is not None:
+        ids = run_ids(session, first, last, ids_b)
+        start = 0 if after is None else bisect_right(ids, after)
+        indexes = range(len(ids) - 1, start - 1, -1) if reverse else range(start, len(ids))
+        for i in indexes:
+            s, n = ids[i]
+            yield (s, n, ts[i], frames[offsets[i]:offsets[i + 1]], delivered[i], grp, inst), src
+        return
     start = 0
     if after is not None:
         if after[0] > session or (after[0] == session and after[1] >= last):

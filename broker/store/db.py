@@ -5,7 +5,7 @@ Layout (docs/store.md has the full description):
 - ``meta(key, value)``: the marker (``magic``), ``schema_version``, the
   session ceiling and the running totals of the events table;
 - ``runs``: the retained routed messages, consecutive messages of one
-  type and one session in one row (broker/store/batch_rows.py), in routing
+  type in one row, across sessions too (broker/store/batch_rows.py), in routing
   (= EventId) order; indexed by EventId, by first and by last timestamp
   (alone and after the group, with the instance last so that a query for
   some types of a group filters on the index) and by source timestamp;
@@ -46,7 +46,12 @@ from broker.store.state import (
 
 DB_NAME = "store.sqlite3"
 MAGIC = "skan-broker event store"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this broker opens; older ones are upgraded in place at open
+# (_upgrade_schema).  Version 2 added runs.ids: a run may span sessions
+# (broker/store/batch_rows.py), which a version-1 reader would misnumber,
+# so an older broker refuses a version-2 store rather than misread it.
+READS_VERSIONS = (1, 2)
 # The files SQLite keeps beside the database (WAL mode; -journal only if a
 # tool switched the store out of WAL mode).
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -75,7 +80,8 @@ CREATE TABLE runs (
     ts BLOB NOT NULL,
     delivered BLOB NOT NULL,
     offsets BLOB NOT NULL,
-    frames BLOB NOT NULL
+    frames BLOB NOT NULL,
+    ids BLOB
 );
 CREATE UNIQUE INDEX runs_id ON runs (session, first);
 CREATE INDEX runs_min ON runs (min_ts, session, first);
@@ -227,6 +233,7 @@ def open_store(directory: str, *, verify: bool = True
                         "(%s)", path, STATE_NAME,
                         "its WAL is present" if wal else "it says it was stopped cleanly")
         conn = connect(path)
+        _upgrade_schema(conn, path)
         _upgrade_indexes(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(path, f"damaged or not a database: {exc}") from None
@@ -338,6 +345,24 @@ def _create(conn: sqlite3.Connection, ceiling: int = 0) -> None:
     conn.execute("COMMIT")
 
 
+def _upgrade_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Bring a version-1 store to version 2 (runs.ids; no row is rewritten)."""
+    version = read_meta(conn).get("schema_version")
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE runs ADD COLUMN ids BLOB")
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    log.info("store %s: schema upgraded from version %s to %d (runs may span sessions); "
+             "an older broker no longer opens it", path, version, SCHEMA_VERSION)
+
+
 def _upgrade_indexes(conn: sqlite3.Connection, path: str) -> None:
     """Rebuild group indexes written without the instance (one transaction, once)."""
     columns = [row[2] for row in conn.execute("PRAGMA index_info(runs_grp_min)")]
@@ -378,9 +403,9 @@ def _verify(conn: sqlite3.Connection, path: str) -> None:
     if meta.get("magic") != MAGIC:
         raise StoreError(path, "not a broker store: the marker is missing or wrong")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise StoreError(path, f"schema version {version!r}; this broker reads version "
-                         f"{SCHEMA_VERSION} only")
+    if version not in READS_VERSIONS:
+        raise StoreError(path, f"schema version {version!r}; this broker reads versions "
+                         f"{', '.join(map(str, READS_VERSIONS))} only")
     missing = {"runs", "latest", "spool", "resume"} - tables
     if missing:
         raise StoreError(path, f"damaged: tables missing: {', '.join(sorted(missing))}")

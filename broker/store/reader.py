@@ -10,13 +10,14 @@ deletes a run only once all of it is evicted).
 from __future__ import annotations
 
 import heapq
+import math
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from broker.core.retention import RETIRED, Entry, view
 from broker.core.router import Routed
-from broker.store.batch_rows import MAX_RUN_SPAN, RUN_COLUMNS, decode
+from broker.store.batch_rows import MAX_RUN_SPAN, RUN_COLUMNS, RUN_WIDTH, decode
 from broker.store.db import StoreError, connect
 from wire.hattime import split_timestamp
 from wire.skan import decode_header
@@ -203,7 +204,7 @@ class StoreReader:
                     walks.append(runs_of(g, types))
         # One index walk per group, merged in run order.
         runs: Iterator[tuple] = walks[0] if len(walks) == 1 else heapq.merge(
-            *walks, key=lambda r: r[10:13], reverse=descending)  # also none: no such type
+            *walks, key=_walk_key, reverse=descending)  # also none: no such type
         if accept_type is not None:
             runs = (r for r in runs if accept_type(r[3], r[4]))
         floor = self._floor()
@@ -293,6 +294,11 @@ def _conditions(*, by_source: bool, descending: bool, t_from: int | None, t_to: 
     return cond, args
 
 
+def _walk_key(row: tuple) -> tuple:
+    """The key the walks of several groups merge on (their index's order)."""
+    return row[RUN_WIDTH:RUN_WIDTH + 3]
+
+
 def _merge(runs: Iterator[tuple], descending: bool, by_source: bool,
            floor: tuple[int, int] | None) -> Iterator[tuple[Entry, int | None]]:
     """The events of runs (sorted by their first event in the walk's order) in exact order.
@@ -302,6 +308,12 @@ def _merge(runs: Iterator[tuple], descending: bool, by_source: bool,
     run can hold a smaller one (every later run starts at or after it).
     Runs do not overlap unless the clock stepped back, so the heap holds one
     run most of the time.
+
+    A run's walk key is its first event's (ascending) or its last
+    timestamp with its *first* session (descending: the index holds no
+    last session for a run across sessions), so descending, an event whose
+    timestamp equals the next run's last one waits for that run (its
+    session and instance cannot be compared with the key).
     """
     sign = -1 if descending else 1
     heap: list[tuple] = []
@@ -316,13 +328,17 @@ def _merge(runs: Iterator[tuple], descending: bool, by_source: bool,
             counter += 1
             return
 
+    w = RUN_WIDTH
     for row in runs:
-        start = (sign * row[10], sign * row[11], sign * row[12])
+        if descending:
+            start = (sign * row[w], -math.inf, -math.inf)
+        else:
+            start = (row[w], row[w + 1], row[w + 2])
         while heap and heap[0][0] < start:
             _, _, entry, src, it = heapq.heappop(heap)
             yield entry, src
             push(it)
-        push(decode(row[:10], floor, descending))
+        push(decode(row[:w], floor, descending))
     while heap:
         _, _, entry, src, it = heapq.heappop(heap)
         yield entry, src

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
@@ -44,6 +44,7 @@ from broker.store.batch_rows import (
     MAX_RUN_SPAN,
     RunBuilder,
     batch_row,
+    run_ids,
     unpack,
 )
 from broker.store.carry import SpoolCarry
@@ -149,7 +150,7 @@ def _expand(ops: list) -> Iterator:
             yield op
 
 _INSERT_RUNS = ("INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
-                "bytes, ts, delivered, offsets, frames) VALUES ")
+                "bytes, ts, delivered, offsets, frames, ids) VALUES ")
 _INSERT_LATEST = ("INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame) "
                   "VALUES ")
 _UPSERT_LATEST = (" ON CONFLICT (grp, inst) DO UPDATE SET seq = excluded.seq, "
@@ -160,7 +161,7 @@ _UPSERT_LATEST = (" ON CONFLICT (grp, inst) DO UPDATE SET seq = excluded.seq, "
 # takes back the GIL at every step: with isolated messages (one row each)
 # that was two GIL hand-overs per message, each a chance for the writer to
 # make the routing thread wait.  One statement of up to 256 rows is one step
-# (13 x 256 parameters, far below SQLite's 32,766); power-of-two shapes keep
+# (14 x 256 parameters, far below SQLite's 32,766); power-of-two shapes keep
 # the statements few (the connection caches them).
 MAX_ROWS_PER_INSERT = 256
 
@@ -194,12 +195,14 @@ class Transaction:
     new_events: int
     order: int  # the latest table's update counter after these rows
     overload: int  # messages routed but not persisted (MAX_PENDING_BYTES)
+    last_session: int  # the session of the last message written (-1: none)
 
 
 def collect(ops: Iterable, order: int) -> Transaction:
     """What one transaction writes: the queued operations as rows (consecutive messages
-    of one type and session as one run), latest updates, spool and resume changes, and
-    the reports to give once committed.  ``order`` is the latest table's update counter.
+    of one type as one run, across sessions too), latest updates, spool and resume
+    changes, and the reports to give once committed.  ``order`` is the latest table's
+    update counter.
     """
     # Per message, only what SQLite needs: this loop holds the GIL that
     # routing needs too (see broker/store/batch_rows.py for why runs).
@@ -212,103 +215,117 @@ def collect(ops: Iterable, order: int) -> Transaction:
     taken = overload = 0
     new_events = 0
     run: RunBuilder | None = None
-    # The open run in locals (the loop's hot part): next instance, type,
-    # first and last timestamp, events and bytes so far.
-    r_session = r_next = -1
+    # The open run in locals (the loop's hot part): whether it may grow, its
+    # type, its last EventId, first and last timestamp, events and bytes so far.
+    r_open = False
     r_grp = r_inst = b""
+    r_session = r_instance = -1
     r_first = r_last = 0.0
     r_n = r_bytes = 0
     add_ts = add_delivered = add_frame = _nothing
     max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
-    row_id: tuple[int, int] | None = None  # last EventId of the last ROW
+    last_id: tuple[int, int] | None = None  # the EventId of the last message so far
+    header: dict | None = None
     for op in ops:
         if type(op) is Routed:
             header = op.header
-            ts = op.timestamp
-            frame = op.frame
+            grp, inst = header[b"group"], header[b"instance"]
+            session, instance, ts, delivered, frame = (op.session, op.instance, op.timestamp,
+                                                       op.delivered, op.frame)
             size = len(frame)
-            taken += size
-            if (op.instance == r_next and op.session == r_session
-                    and header[b"group"] == r_grp and header[b"instance"] == r_inst
-                    and r_last <= ts <= r_first + max_span and r_n < max_run
-                    and r_bytes + size <= max_bytes and SOURCE_TIMESTAMP_TAG not in header):
-                add_ts(ts)
-                add_delivered(op.delivered)
-                add_frame(frame)
-                r_next += 1
-                r_last = ts
-                r_n += 1
-                r_bytes += size
-                continue
-            if run is not None:
-                order += 1
-                rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
-            new_events += r_n
-            r_session, r_grp, r_inst = op.session, header[b"group"], header[b"instance"]
-            src = _src_us(header) if SOURCE_TIMESTAMP_TAG in header else None
-            run = RunBuilder(r_session, op.instance, r_grp, r_inst, src, ts, op.delivered,
-                             frame)
-            # A message with a source timestamp is a run of its own.
-            r_next = op.instance + 1 if src is None else -1
-            r_first = r_last = ts
-            r_n, r_bytes = 1, size
-            add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
-                                                run.frames.append)
-            continue
-        kind = op[0]
-        if kind == ROW:
-            # A whole routing batch as one run, built in C-level calls.
-            if run is not None:
-                order += 1
-                rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
-                new_events += r_n
-                run, r_n, r_next = None, 0, -1
-            row = op[1]
-            order += 1
-            rows.append(row)
-            latest[row[3], row[4]] = (row[3], row[4], order, row[0], row[2], op[2], op[3],
-                                      op[4])
-            new_events += row[2] - row[1] + 1
-            taken += row[8]
-            row_id = (row[0], row[2])
-        elif kind == LOST:
-            ok_id = row_id
-            if run is not None:
-                # Everything routed before the lost messages is in this batch.
-                ok_id = (run.session, r_next - 1 if run.src is None else run.first)
-            if ok_id is not None and (not runs or runs[-1][0] < ok_id):
-                runs.append((ok_id, True))
-            if runs and not runs[-1][1]:
-                runs[-1] = ((op[1], op[2]), False)
-            else:
-                runs.append(((op[1], op[2]), False))
-            overload += op[3]
-        elif kind == SPOOL_ADD:
-            taken += len(op[5])
-            spool_add.append(op[1:])
-        elif kind == SPOOL_DEL:
-            spool_del.append(op[1:])
+            tagged = SOURCE_TIMESTAMP_TAG in header
         else:
-            resume[op[1]] = op[1:]
-    ok_id = row_id
+            kind = op[0]
+            if kind == ROW:
+                row = op[1]
+                if row[1] == row[2]:
+                    # A routing batch of one message (an isolated publisher's
+                    # write): an event like any other, so it may continue the run.
+                    session, instance, grp, inst, ts = row[0], row[1], row[3], row[4], row[5]
+                    delivered, frame, size = op[3], row[12], row[8]
+                    tagged = False
+                else:
+                    # A whole routing batch as one run, built in C-level calls.
+                    if run is not None:
+                        order += 1
+                        rows.append(_close_run(run, r_session, r_instance, r_bytes, order,
+                                               latest))
+                        new_events += r_n
+                        run, r_n, r_open = None, 0, False
+                    order += 1
+                    rows.append((*row, None))
+                    latest[row[3], row[4]] = (row[3], row[4], order, row[0], row[2], op[2],
+                                              op[3], op[4])
+                    new_events += row[2] - row[1] + 1
+                    taken += row[8]
+                    last_id = (row[0], row[2])
+                    continue
+            else:
+                if kind == LOST:
+                    ok_id = last_id
+                    if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+                        # Everything routed before the lost messages is in this batch.
+                        runs.append((ok_id, True))
+                    if runs and not runs[-1][1]:
+                        runs[-1] = ((op[1], op[2]), False)
+                    else:
+                        runs.append(((op[1], op[2]), False))
+                    overload += op[3]
+                elif kind == SPOOL_ADD:
+                    taken += len(op[5])
+                    spool_add.append(op[1:])
+                elif kind == SPOOL_DEL:
+                    spool_del.append(op[1:])
+                else:
+                    resume[op[1]] = op[1:]
+                continue
+        taken += size
+        last_id = (session, instance)
+        if (r_open and grp == r_grp and inst == r_inst
+                and r_last <= ts <= r_first + max_span and r_n < max_run
+                and r_bytes + size <= max_bytes and not tagged):
+            if instance == r_instance + 1 and session == r_session and run.ids is None:
+                add_ts(ts)
+                add_delivered(delivered)
+                add_frame(frame)
+            else:
+                # Another session (or a gap): the run keeps its EventIds.
+                run.last, run.last_session = r_instance, r_session
+                run.add(session, instance, ts, delivered, frame)
+            r_session, r_instance = session, instance
+            r_last = ts
+            r_n += 1
+            r_bytes += size
+            continue
+        if run is not None:
+            order += 1
+            rows.append(_close_run(run, r_session, r_instance, r_bytes, order, latest))
+        new_events += r_n
+        src = _src_us(header) if tagged else None
+        run = RunBuilder(session, instance, grp, inst, src, ts, delivered, frame)
+        # A message with a source timestamp is a run of its own.
+        r_open = src is None
+        r_grp, r_inst, r_session, r_instance = grp, inst, session, instance
+        r_first = r_last = ts
+        r_n, r_bytes = 1, size
+        add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
+                                            run.frames.append)
     if run is not None:
         order += 1
-        rows.append(_close_run(run, r_next - 1, r_bytes, order, latest))
+        rows.append(_close_run(run, r_session, r_instance, r_bytes, order, latest))
         new_events += r_n
-        ok_id = (run.session, run.last)
-    if ok_id is not None and (not runs or runs[-1][0] < ok_id):
-        runs.append((ok_id, True))
+    if last_id is not None and (not runs or runs[-1][0] < last_id):
+        runs.append((last_id, True))
     return Transaction(rows, latest, spool_add, spool_del, resume, runs, taken, new_events,
-                       order, overload)
+                       order, overload, -1 if last_id is None else last_id[0])
 
 
-def _close_run(run: RunBuilder, last: int, nbytes: int, order: int,
+def _close_run(run: RunBuilder, last_session: int, last: int, nbytes: int, order: int,
                latest: dict[tuple[bytes, bytes], tuple]) -> tuple:
     """The row of a finished run; its last event becomes its type's latest."""
-    if run.src is None:
-        run.last = last
+    run.last, run.last_session = last, last_session
     run.nbytes = nbytes
-    latest[run.grp, run.inst] = (run.grp, run.inst, order, run.session, run.last,
+    latest[run.grp, run.inst] = (run.grp, run.inst, order, last_session, last,
                                  run.ts[-1], run.delivered[-1], run.frames[-1])
     return run.row()
 
@@ -365,7 +382,8 @@ class StoreWriter:
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
         # The run being evicted in parts: its key and arrays (_run_arrays).
-        self._evicting: tuple[tuple[int, int, int], array, array] | None = None
+        self._evicting: tuple[tuple[int, int, int], array, array,
+                              list[tuple[int, int]] | None] | None = None
         # Spool and resume operations of failed commits (broker/store/carry.py).
         self._carry = SpoolCarry()
         self._added_bytes = 0  # written by the trio thread only
@@ -654,14 +672,14 @@ class StoreWriter:
         carried = len(self._carry)
         spool_add, spool_del, resume = self._carry.take(tx.spool_add, tx.spool_del, tx.resume)
         max_session = self._max_session
-        if rows and rows[-1][0] > max_session:
-            max_session = rows[-1][0]
+        if tx.last_session > max_session:
+            max_session = tx.last_session
         self._taken_bytes += taken
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             if rows:
-                _insert_many(conn, _INSERT_RUNS, 13, "", rows)
+                _insert_many(conn, _INSERT_RUNS, 14, "", rows)
                 _insert_many(conn, _INSERT_LATEST, 8, _UPSERT_LATEST, list(latest.values()))
             if spool_add:
                 conn.executemany("INSERT OR IGNORE INTO spool VALUES (?, ?, ?, ?, ?)", spool_add)
@@ -748,13 +766,18 @@ class StoreWriter:
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
             return count, nbytes, evicted, upto
         done_run = None
-        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts "
+        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts, ids "
                                  "FROM runs ORDER BY run")
-        for run, session, first, last, run_bytes, min_ts, max_ts in cur:
-            if upto is not None and (session, last) <= upto:
+        for run, session, first, last, run_bytes, min_ts, max_ts, ids_b in cur:
+            if ids_b is None:
+                n = last - first + 1
+                last_id = (session, last)
+            else:  # a run across sessions (broker/store/batch_rows.py)
+                n = len(ids_b) // 16
+                last_id = tuple(unpack("q", ids_b[-16:]))
+            if upto is not None and last_id <= upto:
                 done_run = run
                 continue
-            n = last - first + 1
             # Each bound is monotone along a run (fewer messages, fewer bytes,
             # later timestamps): if one still calls for eviction at its last
             # message, the whole run goes without decoding it.
@@ -764,7 +787,7 @@ class StoreWriter:
                 count -= n
                 nbytes -= run_bytes
                 evicted += n
-                upto = (session, last)
+                upto = last_id
                 done_run = run
                 continue
             if not (count > size or (max_bytes and nbytes > max_bytes)
@@ -773,8 +796,11 @@ class StoreWriter:
             # Part of the run goes: its first `start` messages went before.
             # Each bound is monotone along the run, so the number to evict
             # is the largest of the three bounds' own (no loop per message).
-            offsets, times = self._run_arrays(run, session, first)
-            start = 0 if upto is None or upto < (session, first) else upto[1] - first + 1
+            offsets, times, ids = self._run_arrays(run, session, first, last, ids_b)
+            if upto is None or upto < (session, first):
+                start = 0
+            else:
+                start = upto[1] - first + 1 if ids is None else bisect_right(ids, upto)
             k = count - size
             if max_bytes and nbytes > max_bytes:
                 # offsets are cumulative: the fewest messages whose bytes
@@ -787,7 +813,7 @@ class StoreWriter:
                 count -= k
                 nbytes -= offsets[start + k] - offsets[start]
                 evicted += k
-                upto = (session, first + start + k - 1)
+                upto = (session, first + start + k - 1) if ids is None else ids[start + k - 1]
             if start + k < n:
                 break
             done_run = run
@@ -796,8 +822,10 @@ class StoreWriter:
             self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
         return count, nbytes, evicted, upto
 
-    def _run_arrays(self, run: int, session: int, first: int) -> tuple[array, array]:
-        """Cumulative frame offsets and timestamps of a run being evicted in parts.
+    def _run_arrays(self, run: int, session: int, first: int, last: int, ids_b: bytes | None
+                    ) -> tuple[array, array, list[tuple[int, int]] | None]:
+        """Cumulative frame offsets, timestamps and (across sessions) EventIds of a run
+        being evicted in parts.
 
         Kept for the next commit (which usually evicts more of the same run)
         instead of reading and unpacking its arrays again; keyed by EventId,
@@ -805,12 +833,13 @@ class StoreWriter:
         """
         cached = self._evicting
         if cached is not None and cached[0] == (run, session, first):
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         ts_b, offsets_b = self._conn.execute("SELECT ts, offsets FROM runs WHERE run = ?",
                                              (run,)).fetchone()
         offsets, times = unpack("q", offsets_b), unpack("d", ts_b)
-        self._evicting = ((run, session, first), offsets, times)
-        return offsets, times
+        ids = None if ids_b is None else run_ids(session, first, last, ids_b)
+        self._evicting = ((run, session, first), offsets, times, ids)
+        return offsets, times, ids
 
     def _evict_latest(self, latest: dict) -> set[tuple[bytes, bytes]]:
         """Keep at most ``size`` types, least recently updated out first (in the transaction).

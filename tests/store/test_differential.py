@@ -38,7 +38,10 @@ message = st.tuples(
     # The same type this many times in a row: the store keeps such runs in one row.
     st.sampled_from([1, 1, 2, 3, 7]),
 )
-batch = st.lists(message, min_size=1, max_size=6)
+# Isolated: each message its own routing batch (an independent publisher's
+# write), hence its own session: the store keeps runs across sessions.
+batch = st.tuples(st.sampled_from([False, False, True]),
+                  st.lists(message, min_size=1, max_size=6))
 # Mostly unbounded: each bound drawn at random would leave most answers empty.
 ts_bound = st.one_of(st.none(), st.none(), st.none(), st.integers(-2, 30).map(lambda q: q / 4))
 types = st.one_of(st.none(), st.none(), st.lists(st.sampled_from(PATTERNS), max_size=3))
@@ -113,7 +116,8 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
         seq = 0
         for kind, item in steps:
             if kind == "batch":
-                for group, instance, nbytes, src, clock_step, repeat in item:
+                isolated, messages = item
+                for group, instance, nbytes, src, clock_step, repeat in messages:
                     for _ in range(repeat):
                         clock.now += clock_step
                         seq += 1
@@ -124,6 +128,8 @@ def test_store_answers_like_the_reference(steps, size, max_bytes):
                             source_timestamp=None if src is None else BASE + src / 4)
                         routed = router.route(sender, sent.frame, sent.header)
                         ids.append((routed.session, routed.instance))
+                        if isolated:
+                            router.end_batch()
                 router.end_batch()
                 continue
             if item[0] == "replay":

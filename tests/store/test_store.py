@@ -226,6 +226,65 @@ def test_schema_version_mismatch_is_refused(tmp_path):
         open_store(tmp_path)
 
 
+def test_isolated_messages_of_one_type_share_a_row_and_keep_their_event_ids(tmp_path):
+    """One message per routing batch (one session each): one run, every EventId exact."""
+    import sqlite3
+
+    clock = Clock()
+    store, router, sender = setup(tmp_path, clock, size=25)
+    routed = []
+    for i in range(40):
+        clock.now += 0.001
+        sent = events.send_for_event(("g", "t"), events.JsonPayload(f"m{i}"),
+                                     sender=sender.lname, seq=i)
+        routed.append(router.route(sender, sent.frame, sent.header))
+        router.end_batch()
+        if i == 19:
+            store.flush()  # two commits: two rows
+    store.flush()
+    ids = [(r.session, r.instance) for r in routed]
+    assert len({s for s, _ in ids}) == 40  # 40 sessions
+    conn = sqlite3.connect(tmp_path / "store.sqlite3")
+    rows = conn.execute("SELECT count(*), count(ids) FROM runs").fetchone()
+    conn.close()
+    # Two commits, two rows; 15 of the older row's 20 events evicted (size 25).
+    assert rows == (2, 2)
+    kept = ids[-25:]
+    assert [(e[0], e[1]) for e in store.entries_after(0, 0)] == kept
+    assert [(e[0], e[1]) for e in store.entries_after(*kept[9])] == kept[10:]
+    assert store.entry(*kept[7])[0][3] == routed[15 + 7].frame
+    assert store.entry(*ids[3]) is None  # evicted
+    assert store.evicted_upto == ids[14]
+    # Later in the same run: the latest table names the newest EventId.
+    newest = store.newest()
+    assert (newest.session, newest.instance) == ids[-1]
+    store.close()
+
+
+def test_a_version_1_store_is_upgraded_in_place_and_its_runs_still_read(tmp_path):
+    """Before runs could span sessions (schema 1): no ids column; opened, it gains one."""
+    import sqlite3
+
+    store, router, sender = setup(tmp_path)
+    routed = route(router, sender, 6)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "store.sqlite3")
+    assert conn.execute("SELECT count(ids) FROM runs").fetchone() == (0,)
+    conn.execute("ALTER TABLE runs DROP COLUMN ids")
+    conn.execute("UPDATE meta SET value = 1 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store, router, sender = setup(tmp_path)
+    more = route(router, sender, 6)
+    store.flush()
+    assert [(e[0], e[1]) for e in store.entries_after(0, 0)] == [
+        (r.session, r.instance) for r in routed + more]
+    store.close()
+    conn = sqlite3.connect(tmp_path / "store.sqlite3")
+    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == 2
+    conn.close()
+
+
 def _runs_one_by_one(batch: list) -> list[tuple]:
     """The rows RunBuilder makes of a batch message by message (the reference)."""
     from broker.store.batch_rows import RunBuilder
@@ -235,7 +294,7 @@ def _runs_one_by_one(batch: list) -> list[tuple]:
         grp, inst = r.header[b"group"], r.header[b"instance"]
         if run is not None and run.takes(r.session, r.instance, grp, inst, r.timestamp,
                                          len(r.frame)):
-            run.add(r.instance, r.timestamp, r.delivered, r.frame)
+            run.add(r.session, r.instance, r.timestamp, r.delivered, r.frame)
             continue
         if run is not None:
             rows.append(run.row())
@@ -264,7 +323,8 @@ def test_a_batch_of_one_type_is_one_row_built_in_c_level_calls(case):
     reference = _runs_one_by_one(batch)
     row = batch_row(batch)
     if case in ("one-type", "single"):
-        assert [row] == reference
+        # RunBuilder's rows carry the ids column too (None: one session).
+        assert [(*row, None)] == reference
     else:
         assert row is None and len(reference) == 2
 
