@@ -284,10 +284,11 @@ def _connect(args: argparse.Namespace):
     ctx = cliutil.client_ssl_context(args)
     if args.protocol == "hsp":
         return SkanOverHSP.connect(args.host, args.port, ssl_context=ctx, token=args.token,
+                                   connect_timeout=args.connect_timeout,
                                    timeout=args.connect_timeout,
                                    acked=getattr(args, "acked", False))
     return SkanClient.connect(args.host, args.port, ssl_context=ctx, token=args.token,
-                              timeout=args.connect_timeout)
+                              connect_timeout=args.connect_timeout, timeout=args.connect_timeout)
 
 
 def _ended(client: SkanClient) -> int:

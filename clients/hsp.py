@@ -28,12 +28,12 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self
 
 import trio
 
 from clients.skan import SkanClient
-from toolkit.streams import AnswersHTTP, ReceiveIterator, open_stream
+from toolkit.streams import AnswersHTTP, Dialling, ReceiveIterator
 from wire.hsp import (
     DATA_ACK,
     DEFAULT_MAX_PAYLOAD,
@@ -94,8 +94,11 @@ class HSPPeer(ReceiveIterator):
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         auto_ack: bool = True,
         inbox: int = 10_000,
+        target: str = "the peer",
     ) -> None:
         self.stream = stream
+        # Who the peer is, in HSPClosed's reasons.
+        self.target = target
         self.conn = HSPConnection(max_payload)
         # Nothing received yet (an HTTP answer is recognised on the first bytes).
         self._first = True
@@ -123,11 +126,11 @@ class HSPPeer(ReceiveIterator):
     async def _request(self, event: Event, waiter: Any) -> None:
         """Send a command that expects an answer; HSPClosed if the connection is gone."""
         if self.closed:
-            raise HSPClosed("the connection is closed")
+            raise HSPClosed(f"the connection to {self.target} is closed")
         try:
             await self._write(event)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise HSPClosed("the connection is closed") from exc
+            raise HSPClosed(f"the connection to {self.target} is closed") from exc
 
     async def send_bytes(self, data: bytes) -> None:
         """Raw bytes, bypassing the state machine (tests of malformed input)."""
@@ -149,7 +152,8 @@ class HSPPeer(ReceiveIterator):
                 try:
                     result = await recv.receive()
                 except trio.EndOfChannel:
-                    raise HSPClosed("connection closed before the answer") from None
+                    raise HSPClosed(f"the connection to {self.target} closed before "
+                                    "the answer") from None
         finally:
             self._waiters.pop(mid, None)
         if result is not None:
@@ -164,7 +168,7 @@ class HSPPeer(ReceiveIterator):
         with trio.fail_after(timeout) if timeout else contextlib.nullcontext():
             await waiter[0].wait()
         if not waiter[1]:
-            raise HSPClosed("connection closed before PONG")
+            raise HSPClosed(f"the connection to {self.target} closed before PONG")
         return trio.current_time() - start
 
     async def ack(self, message_id: int) -> None:
@@ -271,21 +275,12 @@ class HSPPeer(ReceiveIterator):
         self._close()
         await trio.aclose_forcefully(self.stream)
 
-
-class HSPClient(HSPPeer):
-    """An :class:`HSPPeer` that dialled out.  Use :meth:`connect`."""
-
     @classmethod
     @asynccontextmanager
-    async def connect(
-        cls,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[HSPClient]:
-        stream = await open_stream(host, port, ssl_context)
+    async def over(cls, stream: trio.abc.Stream, **kwargs: Any) -> AsyncIterator[Self]:
+        """Run a peer over ``stream`` with its reader (:meth:`run`) going until
+        the block exits; the stream is closed then.  Keyword arguments: those
+        of the class."""
         peer = cls(stream, **kwargs)
         try:
             async with trio.open_nursery() as nursery:
@@ -294,6 +289,13 @@ class HSPClient(HSPPeer):
                 nursery.cancel_scope.cancel()
         finally:
             await peer.aclose()
+
+
+class HSPClient(HSPPeer, Dialling):
+    """An :class:`HSPPeer` that dials out.  Use :meth:`connect` (keyword
+    arguments: those of :class:`HSPPeer`)."""
+
+    default_port = DEFAULT_PORT
 
 
 async def serve_hsp(
@@ -314,16 +316,11 @@ async def serve_hsp(
     async def one(stream: trio.abc.Stream) -> None:
         if ssl_context is not None:
             stream = trio.SSLStream(stream, ssl_context, server_side=True)
-        peer = HSPPeer(stream, auto_ack=auto_ack, max_payload=max_payload)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(peer.run)
+            async with HSPPeer.over(stream, auto_ack=auto_ack, max_payload=max_payload) as peer:
                 await handler(peer)
-                nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, HSPClosed):
             pass  # a peer gone (or a failed TLS handshake) ends only its own connection
-        finally:
-            await peer.aclose()
 
     await trio.serve_tcp(one, port, host=host, task_status=task_status)
 
@@ -384,16 +381,13 @@ class SkanOverHSP(SkanClient):
     the broker's ACK, raising :class:`HSPError` on refusal.
     """
 
+    default_port = DEFAULT_PORT
+
     def __init__(self, stream: trio.abc.Stream, *, acked: bool = False,
                  max_frame: int = 8 << 20, **kwargs: Any) -> None:
         self.hsp_stream = SkanFramesOverHSP(stream, max_frame)
         super().__init__(self.hsp_stream, max_frame=max_frame, **kwargs)
         self.acked = acked
-
-    @classmethod
-    def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT,  # type: ignore[override]
-                **kwargs: Any):
-        return super().connect(host, port, **kwargs)
 
     async def send_raw(self, message: dict[str, Any]) -> None:
         if self.acked:

@@ -28,8 +28,8 @@ import trio
 from toolkit.streams import (
     CONNECT_TIMEOUT,
     AnswersHTTP,
+    Dialling,
     ReceiveIterator,
-    open_stream,
     tidy_reason,
 )
 from wire.errors import ProtocolError, RemoteProtocolError
@@ -162,8 +162,11 @@ def strkeys(value: Any) -> Any:
     return value
 
 
-class SkanClient(ReceiveIterator):
-    """One connection to a broker.  Use :meth:`connect`, then ``async with``."""
+class SkanClient(ReceiveIterator, Dialling):
+    """One connection to a broker.  Use :meth:`connect` (keyword arguments:
+    those of :meth:`over`), then ``async with``."""
+
+    default_port = DEFAULT_PORT
 
     def __init__(self, stream: trio.abc.Stream, *, max_frame: int = 8 << 20,
                  inbox: int = 10_000) -> None:
@@ -191,26 +194,26 @@ class SkanClient(ReceiveIterator):
 
     @classmethod
     @asynccontextmanager
-    async def connect(
+    async def over(
         cls,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
+        stream: trio.abc.Stream,
         *,
-        ssl_context: ssl.SSLContext | None = None,
+        target: str = "the server",
         timeout: float = CONNECT_TIMEOUT,
         token: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[SkanClient]:
-        """Connect, ask for the lname, and run the reader until the block exits.
+        """Ask for the lname, and run the reader until the block exits; the
+        stream is closed then.  Other keyword arguments: those of the class.
 
-        Raises :class:`NotSkanBroker` when the server does not answer getlname
-        like a Skan broker within ``timeout`` seconds (a port speaking HTTP,
-        HSP or Chatter is reported instead of hanging).  ``token`` is sent in
-        the getlname (the broker's ``[[users]]``); a client certificate goes in
-        ``ssl_context`` (see :func:`ssl_client_context`).  A refused credential
-        raises :class:`SkanClientError` ("not authorised: ...").
+        Raises :class:`NotSkanBroker` (naming ``target``) when the server does
+        not answer getlname like a Skan broker within ``timeout`` seconds (a
+        port speaking HTTP, HSP or Chatter is reported instead of hanging).
+        ``token`` is sent in the getlname (the broker's ``[[users]]``); a
+        client certificate goes in :meth:`connect`'s ``ssl_context`` (see
+        :func:`ssl_client_context`).  A refused credential raises
+        :class:`SkanClientError` ("not authorised: ...").
         """
-        stream = await open_stream(host, port, ssl_context, timeout)
         client = cls(stream, **kwargs)
         refused: Exception | None = None
         try:
@@ -218,7 +221,7 @@ class SkanClient(ReceiveIterator):
                 client._nursery = nursery
                 nursery.start_soon(client._reader)
                 try:
-                    client.lname = await client._handshake(f"{host}:{port}", timeout, token)
+                    client.lname = await client._handshake(target, timeout, token)
                 except (SkanClientError, NotSkanBroker, trio.BrokenResourceError) as exc:
                     refused = exc
                 else:

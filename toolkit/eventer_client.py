@@ -18,14 +18,13 @@ then holds further notifications.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from toolkit.streams import idle_pinger, open_stream, tidy_reason
+from toolkit.streams import Dialling, idle_pinger, tidy_reason
 from wire.chatter import Conversation, Envelope
 from wire.errors import ProtocolError
 from wire.eventer import (
@@ -67,8 +66,11 @@ class EventerTimeout(EventerError):
     """No answer within the conversation timeout."""
 
 
-class EventerClient:
-    """One Eventer connection.  Use :meth:`connect`, then ``async with``."""
+class EventerClient(Dialling):
+    """One Eventer connection.  Use :meth:`connect` (``client_name`` may follow
+    host and port; keyword arguments: those of :meth:`over`), then ``async with``."""
+
+    default_port = DEFAULT_PORT
 
     def __init__(self, stream: trio.abc.Stream, proto: ClientConnection, *,
                  inbox: int, ping_delay: float, ping_timeout: float) -> None:
@@ -90,45 +92,6 @@ class EventerClient:
 
     @classmethod
     @asynccontextmanager
-    async def connect(
-        cls,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        client_name: str = "skan/eventer-client",
-        *,
-        subscriptions: Iterable[EventType] = (),
-        token: str | None = None,
-        server_id: int | None = None,
-        persisted: bool = False,
-        envelope: Envelope = Envelope.HATCHATTER,
-        ssl_context: ssl.SSLContext | None = None,
-        ping_delay: float = 30.0,
-        ping_timeout: float = 10.0,
-        timeout: float = 5.0,
-        connect_timeout: float = 10.0,
-        max_message: int = 64 * 1024 * 1024,
-        inbox: int = 64,
-    ) -> AsyncIterator[EventerClient]:
-        """Connect, send MsgInitReq, wait for MsgInitRes (:class:`EventerInitError` if refused).
-
-        ``timeout`` is the Chatter conversation timeout (requests, MsgInitRes);
-        ``connect_timeout`` bounds establishing TCP (and TLS).
-        """
-        try:
-            stream = await open_stream(host, port, ssl_context, connect_timeout)
-        except TimeoutError:
-            raise EventerTimeout(
-                f"no connection to {host}:{port} within {connect_timeout:g}s") from None
-        async with cls.over(
-            stream, client_name, subscriptions=subscriptions, token=token,
-            server_id=server_id, persisted=persisted, envelope=envelope,
-            ping_delay=ping_delay, ping_timeout=ping_timeout, timeout=timeout,
-            max_message=max_message, inbox=inbox, target=f"{host}:{port}",
-        ) as client:
-            yield client
-
-    @classmethod
-    @asynccontextmanager
     async def over(
         cls,
         stream: trio.abc.Stream,
@@ -146,10 +109,12 @@ class EventerClient:
         inbox: int = 64,
         target: str = "the server",
     ) -> AsyncIterator[EventerClient]:
-        """Run a client over an open stream (closed when the block exits): init, then serve.
+        """Send MsgInitReq, wait for MsgInitRes (:class:`EventerInitError` if
+        refused), then serve until the block exits; the stream is closed then.
 
-        ``target`` names the peer in errors (:class:`NotEventer` when it does not
-        answer MsgInitReq like an Eventer server).
+        ``timeout`` is the Chatter conversation timeout (requests, MsgInitRes).
+        ``target`` names the peer in errors (:class:`NotEventer` when it does
+        not answer MsgInitReq like an Eventer server).
         """
         request = InitReq(client_name, token, tuple(tuple(s) for s in subscriptions),
                           server_id, persisted)

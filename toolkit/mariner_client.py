@@ -21,7 +21,6 @@ as a JSON line.
 
 from __future__ import annotations
 
-import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ from typing import Any
 
 import trio
 
-from toolkit.streams import ReceiveIterator, idle_pinger, open_stream
+from toolkit.streams import Dialling, ReceiveIterator, idle_pinger
 from wire import mariner as mw
 
 DEFAULT_PORT = 23014
@@ -47,12 +46,18 @@ class MarinerClosed(ConnectionError):
         self.reason = reason
 
 
-class MarinerClient(ReceiveIterator):
-    """One connection to a Mariner server.  Use :meth:`connect`, then ``async with``."""
+class MarinerClient(ReceiveIterator, Dialling):
+    """One connection to a Mariner server.  Use :meth:`connect` (keyword
+    arguments: those of :meth:`over`), then ``async with``."""
+
+    default_port = DEFAULT_PORT
 
     def __init__(self, stream: trio.abc.Stream, *, ping_delay: float, ping_timeout: float,
-                 max_message: int = 8 << 20, inbox: int = 1000) -> None:
+                 max_message: int = 8 << 20, inbox: int = 1000,
+                 target: str = "the server") -> None:
         self._stream = stream
+        # Who the server is, in the reasons the connection ends with.
+        self._target = target
         self._conn = mw.MarinerConnection(mw.CLIENT, max_message)
         self._ping_delay = ping_delay
         self._ping_timeout = ping_timeout
@@ -70,24 +75,6 @@ class MarinerClient(ReceiveIterator):
 
     @classmethod
     @asynccontextmanager
-    async def connect(
-        cls,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_PORT,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[MarinerClient]:
-        """Connect, send init, and run the reader and pinger until the block exits.
-
-        Keyword arguments are those of :meth:`over`.
-        """
-        stream = await open_stream(host, port, ssl_context)
-        async with cls.over(stream, **kwargs) as client:
-            yield client
-
-    @classmethod
-    @asynccontextmanager
     async def over(
         cls,
         stream: trio.abc.Stream,
@@ -100,7 +87,8 @@ class MarinerClient(ReceiveIterator):
         ping_timeout: float = 10.0,
         **kwargs: Any,
     ) -> AsyncIterator[MarinerClient]:
-        """Run a client over an open stream (closed when the block exits)."""
+        """Send init, then run the reader and pinger until the block exits; the
+        stream is closed then.  Other keyword arguments: those of the class."""
         try:
             client = cls(stream, ping_delay=ping_delay, ping_timeout=ping_timeout, **kwargs)
             client.last_event_id = last_event_id
@@ -198,5 +186,5 @@ class MarinerClient(ReceiveIterator):
                               self._ping_timeout)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
-        self._end("ping timeout: the server did not answer", failed=True)
+        self._end(f"ping timeout: {self._target} did not answer", failed=True)
         await trio.aclose_forcefully(self._stream)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, ClassVar, Self
 
 import trio
 
@@ -58,6 +59,46 @@ async def open_stream(
             return await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
         return await trio.open_tcp_stream(host, port)
     raise TimeoutError(f"no TCP connection to {host}:{port} within {timeout:g}s")
+
+
+class Dialling:
+    """What every client's ``connect`` is: dial, then run the client over the stream.
+
+    A client class names its ``default_port`` and defines :meth:`over` (run
+    a client over an open stream, which it closes when the block exits);
+    :meth:`connect` is the one way all of them (Skan, Skan over HSP, HSP,
+    Eventer, Mariner) dial: TCP, or TLS with ``ssl_context``, within
+    ``connect_timeout`` seconds.
+    """
+
+    default_port: ClassVar[int]
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        host: str = DEFAULT_HOST,
+        port: int | None = None,
+        *args: Any,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        **kwargs: Any,
+    ) -> AsyncIterator[Self]:
+        """Dial ``host:port`` (the class's ``default_port`` when None) and run
+        the client until the block exits.  Other arguments go to :meth:`over`,
+        with ``target="host:port"`` to name the peer in errors; raises
+        :class:`TimeoutError` when TCP does not connect in time."""
+        if port is None:
+            port = cls.default_port
+        stream = await open_stream(host, port, ssl_context, connect_timeout)
+        async with cls.over(stream, *args, target=f"{host}:{port}", **kwargs) as client:
+            yield client
+
+    @classmethod
+    def over(cls, stream: trio.abc.Stream, *args: Any, target: str,
+             **kwargs: Any) -> AbstractAsyncContextManager[Self]:  # pragma: no cover
+        """Run a client over ``stream`` (closed when the block exits)."""
+        raise NotImplementedError
 
 
 async def idle_pinger(

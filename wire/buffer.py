@@ -139,4 +139,23 @@ class ReceiveBuffer:
             pos += n
 
 
-__all__ = ["Measure", "ReceiveBuffer"]
+class Reassembler:
+    """The base of every framing's splitter or decoder: the one :class:`ReceiveBuffer` it owns."""
+
+    __slots__ = ("_rx",)
+
+    def __init__(self) -> None:
+        self._rx = ReceiveBuffer()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a message that is not complete yet."""
+        return len(self._rx)
+
+    @property
+    def copied(self) -> int:
+        """Bytes copied to reassemble messages so far (linear in the bytes received)."""
+        return self._rx.copied
+
+
+__all__ = ["Measure", "Reassembler", "ReceiveBuffer"]

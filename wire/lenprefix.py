@@ -12,7 +12,7 @@ received (:mod:`wire.buffer`).
 
 from __future__ import annotations
 
-from wire.buffer import ReceiveBuffer
+from wire.buffer import Reassembler
 from wire.errors import FramingError, LocalProtocolError
 
 
@@ -27,10 +27,10 @@ def encode_frame(body: bytes, max_len_size: int = 255) -> bytes:
     return bytes((m,)) + k.to_bytes(m, "big") + body
 
 
-class LengthPrefixSplitter:
+class LengthPrefixSplitter(Reassembler):
     """Split a 1+m framed byte stream into message bodies (headers stripped)."""
 
-    __slots__ = ("_rx", "max_message")
+    __slots__ = ("max_message",)
 
     # Set by each protocol's subclass.
     protocol = "1+m"
@@ -38,18 +38,8 @@ class LengthPrefixSplitter:
     max_len_size = 255
 
     def __init__(self, max_message: int) -> None:
+        super().__init__()
         self.max_message = max_message
-        self._rx = ReceiveBuffer()
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for a message that is not complete yet."""
-        return len(self._rx)
-
-    @property
-    def copied(self) -> int:
-        """Bytes copied to reassemble messages so far (linear in the bytes received)."""
-        return self._rx.copied
 
     def _measure(self, buf: bytes, pos: int, size: int) -> int:
         m = buf[pos]

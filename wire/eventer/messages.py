@@ -213,6 +213,25 @@ def register_event_from_sbs(
     )
 
 
+def events_from_sbs(v: list[dict[str, Any]], budget: ItemBudget | None = None
+                    ) -> tuple[Event, ...]:
+    """The events of a MsgEventsNotify (and of a MsgRegisterRes, a MsgQueryRes)."""
+    return tuple(event_from_sbs(e, budget) for e in v)
+
+
+def register_events_from_sbs(v: list[dict[str, Any]], budget: ItemBudget | None = None
+                             ) -> tuple[RegisterEvent, ...]:
+    """The events a MsgRegisterReq asks to register."""
+    return tuple(register_event_from_sbs(e, budget) for e in v)
+
+
+def register_result_from_sbs(v: tuple[str, Any], budget: ItemBudget | None = None
+                             ) -> tuple[Event, ...] | None:
+    """MsgRegisterRes: the registered events, or None when the server refused them."""
+    kind, value = v
+    return events_from_sbs(value, budget) if kind == "events" else None
+
+
 def encode_event(e: Event) -> bytes:
     """One ``HatEventer.Event`` encoding (elements of EventsNotify/RegisterRes/QueryRes)."""
     return sbs.encode("HatEventer.Event", event_to_sbs(e))
@@ -277,9 +296,7 @@ def query_params_from_sbs(v: tuple[str, Any]) -> QueryParams:
 
 
 def query_result_from_sbs(v: dict[str, Any], budget: ItemBudget | None = None) -> QueryResult:
-    return QueryResult(
-        tuple(event_from_sbs(e, budget) for e in v["events"]), v["moreFollows"]
-    )
+    return QueryResult(events_from_sbs(v["events"], budget), v["moreFollows"])
 
 
 def encode_query_result(encoded_events: list[bytes], more_follows: bool) -> bytes:

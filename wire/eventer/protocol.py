@@ -17,7 +17,8 @@ carry the conversation to :meth:`ClientConnection.ack`.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 
@@ -34,6 +35,8 @@ from wire.eventer import messages as m
 from wire.limits import MAX_BATCH_ITEMS, MAX_ITEMS, ItemBudget
 
 MODULE = "HatEventer."
+
+_T = TypeVar("_T")
 
 # Notifications sent without their ack: the server's default flow-control
 # bound.  Each notify is one routing batch; 16 in flight keep a fast client
@@ -119,6 +122,18 @@ def _decode(msg: Message, budget: ItemBudget | None = None) -> Any:
         return sbs.decode(msg.type, msg.data, budget)
     except MalformedError as exc:
         raise type(exc)(f"malformed {msg.type}: {exc}") from None
+
+
+def _decode_as(msg: Message, limit: int, convert: Callable[[Any, ItemBudget], _T]) -> _T:
+    """``convert(value, budget)`` of ``msg``'s SBS value, with one budget of
+    ``limit`` items for the whole message (its events and every JSON payload);
+    a fault the conversion finds names the message."""
+    budget = ItemBudget(limit)
+    value = _decode(msg, budget)
+    try:
+        return convert(value, budget)
+    except MalformedError as exc:
+        raise type(exc)(f"{msg.type.removeprefix(MODULE)}: {exc}") from None
 
 
 def _needs_token(msg: Message) -> None:
@@ -210,13 +225,7 @@ class ServerConnection(_Side):
         if msg.type == "HatEventer.MsgRegisterReq":
             if not msg.first:
                 raise RemoteProtocolError("MsgRegisterReq must open its own conversation")
-            # One budget for the message: its events and every json payload.
-            budget = ItemBudget(MAX_ITEMS)
-            value = _decode(msg, budget)
-            try:
-                events = tuple(m.register_event_from_sbs(e, budget) for e in value)
-            except MalformedError as exc:
-                raise type(exc)(f"MsgRegisterReq: {exc}") from None
+            events = _decode_as(msg, MAX_ITEMS, m.register_events_from_sbs)
             if not msg.last:
                 _needs_token(msg)
             return RegisterRequest(None if msg.last else msg.conv, events)
@@ -313,35 +322,18 @@ class ClientConnection(_Side):
             raise RemoteProtocolError(f"{msg.type} after a refused MsgInitReq")
         if msg.type == "HatEventer.MsgEventsNotify":
             # A notify carries a whole routing batch of the server's: MAX_BATCH_ITEMS.
-            budget = ItemBudget(MAX_BATCH_ITEMS)
-            value = _decode(msg, budget)
-            try:
-                events = tuple(m.event_from_sbs(e, budget) for e in value)
-            except MalformedError as exc:
-                raise type(exc)(f"MsgEventsNotify: {exc}") from None
+            events = _decode_as(msg, MAX_BATCH_ITEMS, m.events_from_sbs)
             return EventsNotified(events, None if msg.last else msg.conv)
         if msg.type == "HatEventer.MsgStatusNotify":
             self.status = m.status_from_sbs(_decode(msg))
             return StatusChanged(self.status)
         if msg.type == "HatEventer.MsgRegisterRes":
             self._waiting.pop(msg.conv, None)
-            budget = ItemBudget(MAX_BATCH_ITEMS)
-            kind, value = _decode(msg, budget)
-            try:
-                events = (
-                    tuple(m.event_from_sbs(e, budget) for e in value)
-                    if kind == "events" else None
-                )
-            except MalformedError as exc:
-                raise type(exc)(f"MsgRegisterRes: {exc}") from None
+            events = _decode_as(msg, MAX_BATCH_ITEMS, m.register_result_from_sbs)
             return RegisterResult(msg.conv, events)
         if msg.type == "HatEventer.MsgQueryRes":
             self._waiting.pop(msg.conv, None)
-            budget = ItemBudget(MAX_BATCH_ITEMS)
-            try:
-                result = m.query_result_from_sbs(_decode(msg, budget), budget)
-            except MalformedError as exc:
-                raise type(exc)(f"MsgQueryRes: {exc}") from None
+            result = _decode_as(msg, MAX_BATCH_ITEMS, m.query_result_from_sbs)
             return QueryResponse(msg.conv, result)
         raise RemoteProtocolError(f"a server may not send {msg.type}")
 

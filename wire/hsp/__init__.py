@@ -1,65 +1,12 @@
-"""HSP (specs/hsp.txt), sans-IO: codec for the seven commands and the connection state machine."""
+"""HSP (specs/hsp.txt), sans-IO: codec for the seven commands and the connection state machine.
 
-from wire.hsp.codec import (
-    ACK,
-    COMMAND_NAMES,
-    DATA,
-    DATA_ACK,
-    DEFAULT_MAX_PAYLOAD,
-    ERROR,
-    ERROR_UNDEF,
-    PING,
-    PING_BYTES,
-    PONG,
-    PONG_BYTES,
-    Ack,
-    Data,
-    DataAck,
-    Decoder,
-    Error,
-    ErrorUndef,
-    Event,
-    FramingError,
-    LocalProtocolError,
-    Oversized,
-    Ping,
-    Pong,
-    ProtocolError,
-    RemoteProtocolError,
-    data_prefix,
-    encode,
-    frame_payload,
-)
+The package offers the codec's public names (listed once, in
+``wire.hsp.codec.__all__``) and :class:`HSPConnection`.
+"""
+
+from wire.hsp import codec
+from wire.hsp.codec import *  # noqa: F403 - the codec's __all__, re-exported as is
 from wire.hsp.connection import HSPConnection
 
-__all__ = [
-    "ACK",
-    "COMMAND_NAMES",
-    "DATA",
-    "DATA_ACK",
-    "DEFAULT_MAX_PAYLOAD",
-    "ERROR",
-    "ERROR_UNDEF",
-    "PING",
-    "PING_BYTES",
-    "PONG",
-    "PONG_BYTES",
-    "Ack",
-    "Data",
-    "DataAck",
-    "Decoder",
-    "Error",
-    "ErrorUndef",
-    "Event",
-    "FramingError",
-    "HSPConnection",
-    "LocalProtocolError",
-    "Oversized",
-    "Ping",
-    "Pong",
-    "ProtocolError",
-    "RemoteProtocolError",
-    "data_prefix",
-    "encode",
-    "frame_payload",
-]
+__all__ = ["HSPConnection"]
+__all__ += codec.__all__

@@ -20,11 +20,13 @@ a Skan frame, so the broker routes it with no copy and no re-encoding.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import attrs
 
-from wire.buffer import ReceiveBuffer
+from wire.buffer import Reassembler
 from wire.errors import FramingError, LocalProtocolError, ProtocolError, RemoteProtocolError
+from wire.keepalive import Ping, Pong
 
 DATA = 0
 DATA_ACK = 1
@@ -68,16 +70,28 @@ def frame_payload(payload: bytes) -> bytes:
 # ---- events -----------------------------------------------------------------
 
 
-@attrs.define(slots=True)
-class Data:
-    """DATA: fire-and-forget.  ``framed`` = 4-byte length + payload (see module doc)."""
+class _Framed:
+    """What DATA and DATA_ACK share: ``framed`` = 4-byte length + payload (see module doc)."""
 
-    type: int
-    framed: bytes = attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
+    __slots__ = ()
+    framed: bytes
 
     @property
     def payload(self) -> bytes:
         return self.framed[4:]
+
+
+def _framed_field() -> Any:
+    """The ``framed`` attribute, shown in a repr by its payload's size only."""
+    return attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
+
+
+@attrs.define(slots=True)
+class Data(_Framed):
+    """DATA: fire-and-forget."""
+
+    type: int
+    framed: bytes = _framed_field()
 
     @classmethod
     def make(cls, type: int, payload: bytes) -> Data:
@@ -85,16 +99,12 @@ class Data:
 
 
 @attrs.define(slots=True)
-class DataAck:
+class DataAck(_Framed):
     """DATA_ACK: must be answered with ACK, ERROR or ERROR_UNDEF carrying ``message_id``."""
 
     message_id: int
     type: int
-    framed: bytes = attrs.field(repr=lambda b: f"<{len(b) - 4} bytes>")
-
-    @property
-    def payload(self) -> bytes:
-        return self.framed[4:]
+    framed: bytes = _framed_field()
 
     @classmethod
     def make(cls, message_id: int, type: int, payload: bytes) -> DataAck:
@@ -104,16 +114,6 @@ class DataAck:
 @attrs.define(slots=True)
 class Ack:
     message_id: int
-
-
-@attrs.define(slots=True)
-class Ping:
-    pass
-
-
-@attrs.define(slots=True)
-class Pong:
-    pass
 
 
 @attrs.define(slots=True)
@@ -204,7 +204,7 @@ def encode(event: Event) -> bytes:
 
 # ---- decoding ---------------------------------------------------------------
 
-class Decoder:
+class Decoder(Reassembler):
     """Split an HSP byte stream into events.
 
     ``receive_data(data)`` returns the events completed by ``data``.  A
@@ -215,17 +215,12 @@ class Decoder:
     position is lost.
     """
 
-    __slots__ = ("_dead", "_rx", "max_payload")
+    __slots__ = ("_dead", "max_payload")
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        super().__init__()
         self.max_payload = max_payload
-        self._rx = ReceiveBuffer()
         self._dead: RemoteProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for a message that is not complete yet."""
-        return len(self._rx)
 
     def _measure(self, buf: bytes, pos: int, size: int) -> int:
         """Total length of the command at ``pos`` (only the header for an oversized payload)."""

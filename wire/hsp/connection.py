@@ -132,27 +132,24 @@ class HSPConnection:
     def send(self, event: Event) -> bytes:
         """The bytes for ``event``, after checking that HSP allows sending it now."""
         t = type(event)
+        if t is Oversized:
+            raise LocalProtocolError("Oversized is a receive-side report, not a command")
+        data = encode(event)
         if t is DataAck:
             if event.message_id in self.awaiting:
                 raise LocalProtocolError(
                     f"MessageID {event.message_id} is still awaiting its answer"
                 )
-            data = encode(event)
             self.awaiting.add(event.message_id)
-            return data
-        if t in _ANSWERS:
+        elif t in _ANSWERS:
             if event.message_id not in self.owed:
                 raise LocalProtocolError(
                     f"no DATA_ACK with MessageID {event.message_id} is waiting for an answer"
                 )
-            data = encode(event)
             self.owed.discard(event.message_id)
-            return data
-        if t is Ping:
+        elif t is Ping:
             self.pings += 1
-        elif t is Oversized:
-            raise LocalProtocolError("Oversized is a receive-side report, not a command")
-        return encode(event)
+        return data
 
     def next_message_id(self) -> int:
         """A MessageID not awaiting an answer (cycles through the 32-bit space)."""

@@ -37,21 +37,12 @@ from wire.hat import (
     SbsPayload,
     Timestamp,
 )
+from wire.keepalive import Ping, Pong
 from wire.limits import ENVELOPE_DEPTH, MAX_DEPTH, MAX_ITEMS, MAX_PAYLOAD_ITEMS, ItemBudget
 
 # A message body that is not a valid Mariner message; the reason says why
 # (one class, see wire.errors).
 SchemaError = MalformedError
-
-
-@attrs.frozen
-class Ping:
-    pass
-
-
-@attrs.frozen
-class Pong:
-    pass
 
 
 @attrs.frozen

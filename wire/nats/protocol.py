@@ -25,6 +25,7 @@ import attrs
 
 from wire.buffer import ReceiveBuffer
 from wire.errors import MalformedError, ProtocolError
+from wire.keepalive import Ping, Pong
 
 CRLF = b"\r\n"
 # nats-server's own limit for a protocol line (MAX_CONTROL_LINE_SIZE,
@@ -52,16 +53,6 @@ class Msg:
     payload: bytes
     # Raw header block ("NATS/1.0\r\nK: V\r\n\r\n") or None for MSG.
     headers: bytes | None = None
-
-
-@attrs.frozen
-class Ping:
-    pass
-
-
-@attrs.frozen
-class Pong:
-    pass
 
 
 @attrs.frozen

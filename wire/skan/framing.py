@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from wire.buffer import ReceiveBuffer
+from wire.buffer import Reassembler
 from wire.errors import FramingError
 from wire.skan.codec import MAGIC, PURE_PYTHON
 
@@ -24,7 +24,7 @@ def looks_like_skan(data: bytes) -> bool:
     return len(data) >= 4 + MAGIC_LEN and data[4:4 + MAGIC_LEN] == MAGIC and data[0] == 0
 
 
-class FrameSplitter:
+class FrameSplitter(Reassembler):
     """Split a byte stream into frames.
 
     ``receive_data(data)`` returns a list of complete frames, each a ``bytes``
@@ -33,21 +33,11 @@ class FrameSplitter:
     over ``max_frame`` or shorter than the magic.
     """
 
-    __slots__ = ("_rx", "max_frame")
+    __slots__ = ("max_frame",)
 
     def __init__(self, max_frame: int) -> None:
+        super().__init__()
         self.max_frame = max_frame
-        self._rx = ReceiveBuffer()
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for a frame that is not complete yet."""
-        return len(self._rx)
-
-    @property
-    def copied(self) -> int:
-        """Bytes copied to reassemble frames so far (linear in the bytes received)."""
-        return self._rx.copied
 
     def receive_data(self, data: bytes) -> list[bytes]:
         rx = self._rx
