@@ -63,7 +63,8 @@ def chunk_cost(subscribers: int, users: bool, chunks: int = 20) -> float:
     router = Router()
     if users:
         user = User("bench-user", None, Permissions("bench-user", PUBLISH, SUBSCRIBE), None)
-        router.auth = Authenticator([user], allow_anonymous=True, anonymous_user="bench-user")
+        router.enforcer.auth = Authenticator([user], allow_anonymous=True,
+                                             anonymous_user="bench-user")
     pub, subs, chunk, per_chunk = fan_out(router, subscribers)
     assert (pub.perms is not None) == users
     best = float("inf")

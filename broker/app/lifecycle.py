@@ -190,7 +190,7 @@ async def run(
     enabled = [(name, serve) for name, is_enabled, serve in services() if is_enabled(config)]
     ctx = BrokerContext(config=config, router=new_router(config),
                         services=tuple(name for name, _ in enabled), reload=reload)
-    ctx.router.auth = build_authenticator(config)
+    ctx.router.enforcer.auth = build_authenticator(config)
     signals = StopSignals(ctx, trio.Event() if stop is None else stop)
     try:
         await _run(config, ctx, enabled, ready, signals, ctx_out)

@@ -64,8 +64,10 @@ from broker.cluster.subject_runs import (
     pack_stamps,
     unpack_run,
 )
+from broker.core.enforcement import set_permissions
 from broker.core.eventtypes import STAR, pattern_group
-from broker.core.router import Endpoint, NotPermitted, Routed, Router
+from broker.core.refusals import NotPermitted
+from broker.core.router import Endpoint, Routed, Router
 from wire import nats
 from wire.errors import LimitError, ProtocolError
 from wire.skan import decode_header
@@ -139,7 +141,7 @@ class Backplane(Endpoint):
         self.hellos_deferred = 0
         self._last_hello = -HELLO_INTERVAL
         self.max_frame = router.max_frame or DEFAULT_MAX_FRAME
-        self._auth = router.auth
+        self._auth = router.enforcer.auth
         # Messages too large for NATS's max_payload (counted in drops too).
         self.oversized = 0
         # NATS's max_payload (its INFO; the service sets it per connection).
@@ -440,8 +442,8 @@ class Backplane(Endpoint):
         recent[seen] = None
         if len(recent) > DEDUPE_WINDOW:
             del recent[next(iter(recent))]
-        if self._auth is not self.router.auth:
-            self._auth = self.router.auth  # reloaded: senders get the new permissions
+        if self._auth is not self.router.enforcer.auth:
+            self._auth = self.router.enforcer.auth  # reloaded: senders get the new permissions
             self._senders.clear()
         found = inbound.run_key(frames)
         if found is not None:
@@ -505,8 +507,7 @@ class Backplane(Endpoint):
             if len(senders) >= SENDER_CACHE_LIMIT:
                 senders.clear()
             found = senders[(lname, claim)] = RemoteSender(lname)
-            perms = found.perms = claims.permissions(claim, self.router.auth)
-            found.publish_allowed = None if perms is None else perms.publish_allowed
+            set_permissions(found, claims.permissions(claim, self.router.enforcer.auth))
         return found
 
     def count_forged(self, reason: str) -> None:

@@ -158,7 +158,7 @@ def local_query(store: RetentionStore | Store, latest: LatestTable | None,
 
 def visible_to(perms: Permissions | None, lname: bytes) -> Visible:
     """What a client with ``perms`` and ``lname`` may read of retained events
-    (the rule of :meth:`Router.may_read`, for a client of another broker)."""
+    (the rule of :meth:`Enforcer.may_read`, for a client of another broker)."""
     if perms is None:
         return None
 

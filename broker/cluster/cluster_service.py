@@ -181,7 +181,7 @@ async def serve_cluster(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNO
         MALFORMED_LOG_INTERVAL)
     queue = OutQueue(cfg.queue_limit)
     link_state = ctx.cluster = ClusterLink(backplane, status, cfg.heartbeat, queue=queue)
-    link_state.auth = lambda: ctx.router.auth
+    link_state.auth = lambda: ctx.router.enforcer.auth
     ctx.router.stats_sections["cluster"] = ctx.cluster.stats
 
     def forward(data: bytes) -> bool:

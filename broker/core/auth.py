@@ -8,7 +8,8 @@
   the routing hot path then pays one ``is None`` test.
 - :class:`Authenticator` turns the credential a connection presents (a token,
   a verified client-certificate name, or nothing) into a :class:`Principal`
-  or a refusal, and counts live connections per user for ``max_connections``.
+  or raises :class:`~broker.core.refusals.NotPermitted`, and counts live
+  connections per user for ``max_connections``.
 
 Tokens are never kept in clear: each user's token is held as its SHA-256
 digest, a presented token is hashed and looked up by digest, and the match is
@@ -16,8 +17,8 @@ confirmed with :func:`hmac.compare_digest`.  Looking up a digest leaks
 nothing about the token (an attacker cannot steer SHA-256 outputs), and the
 comparison runs in constant time.
 
-The router (:mod:`broker.core.router`) is the one place that enforces these
-permissions, for every protocol.
+The enforcer (:mod:`broker.core.enforcement`, held by the router) is the one
+place that applies these to connections, for every protocol.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import attrs
 
 from broker.core.bounded import BoundedCache
 from broker.core.eventtypes import pattern_group
+from broker.core.refusals import NotPermitted
 
 # A group pattern (permissions, configuration) ends in this to mean "any rest".
 GROUP_WILDCARD = "*"
@@ -226,13 +228,9 @@ class Principal:
     listener: str | None = None
 
 
-@attrs.frozen
-class Refusal:
-    reason: str
-
-
-def _not_authorised(detail: str) -> Refusal:
-    return Refusal(f"not authorised: {detail}")
+def _not_authorised(detail: str) -> NotPermitted:
+    """A refused credential: the connection is answered and closed."""
+    return NotPermitted(f"not authorised: {detail}", close=True)
 
 
 class Authenticator:
@@ -283,14 +281,14 @@ class Authenticator:
 
     # ---- authentication ---------------------------------------------------
 
-    def _anonymous(self, protocol: str | None = None) -> Principal | Refusal:
+    def _anonymous(self, protocol: str | None = None) -> Principal:
         listener_user = self.listener_anonymous.get(protocol or "")
         if listener_user is not None:
             user = self.users[listener_user]
             return Principal(user.name, user.permissions, VIA_LISTENER_ANONYMOUS,
                              listener=protocol)
         if not self.allow_anonymous:
-            return _not_authorised(
+            raise _not_authorised(
                 "anonymous clients are not allowed here; present a token or a client certificate"
             )
         if self.anonymous_user is not None:
@@ -300,9 +298,10 @@ class Authenticator:
 
     def authenticate(
         self, protocol: str, token: str | bytes | None, cert_name: str | None = None
-    ) -> Principal | Refusal:
+    ) -> Principal:
         """Who presents ``token`` (None: no token) and a verified certificate
-        name ``cert_name`` (None: no certificate) on ``protocol``.
+        name ``cert_name`` (None: no certificate) on ``protocol``.  Raises
+        :class:`NotPermitted` (``close`` set) for a credential refused.
 
         A token, when presented, decides; otherwise a certificate whose name
         is a user's; otherwise the connection is anonymous: its listener's
@@ -315,7 +314,7 @@ class Authenticator:
                 if token is not None and hmac.compare_digest(token_digest(token), shared):
                     return Principal(None, None, VIA_LISTENER_TOKEN, shared)
                 field = TOKEN_FIELDS.get(protocol, "token")
-                return _not_authorised(f"{field} does not match")
+                raise _not_authorised(f"{field} does not match")
             return self._anonymous()
         if token is not None:
             digest = token_digest(token)
@@ -323,7 +322,7 @@ class Authenticator:
             if user is None or user.digest is None or not hmac.compare_digest(
                 digest, user.digest
             ):
-                return _not_authorised("the token does not match any user")
+                raise _not_authorised("the token does not match any user")
             return Principal(user.name, user.permissions, VIA_TOKEN, digest)
         if cert_name is not None:
             user = self.users.get(cert_name)
@@ -355,15 +354,19 @@ class Authenticator:
                 return principal
             return None
         if principal.via == VIA_ANONYMOUS:
-            result = self._anonymous()
-            return result if isinstance(result, Principal) else None
+            try:
+                return self._anonymous()
+            except NotPermitted:
+                return None
         if principal.via == VIA_LISTENER_ANONYMOUS:
             # Still admitted by its listener, as the same user (connections
             # are counted per user name): else closed, and a reconnect is
             # judged by the new rules.
-            result = self._anonymous(principal.listener)
-            if (isinstance(result, Principal) and result.via == VIA_LISTENER_ANONYMOUS
-                    and result.name == principal.name):
+            try:
+                result = self._anonymous(principal.listener)
+            except NotPermitted:
+                return None
+            if result.via == VIA_LISTENER_ANONYMOUS and result.name == principal.name:
                 return result
             return None
         user = self.users.get(principal.name or "")
@@ -378,21 +381,21 @@ class Authenticator:
 
     # ---- connection counts ------------------------------------------------
 
-    def acquire(self, principal: Principal) -> Refusal | None:
-        """Count one more connection of ``principal``'s user, or refuse past its limit."""
+    def acquire(self, principal: Principal) -> None:
+        """Count one more connection of ``principal``'s user; past its limit
+        raise :class:`NotPermitted` (``close`` set), nothing counted."""
         name = principal.name
         if name is None or principal.via == VIA_BRIDGE:
-            return None
+            return
         user = self.users.get(name)
         count = self.connections.get(name, 0)
         if user is not None and user.max_connections is not None and (
             count >= user.max_connections
         ):
-            return _not_authorised(
+            raise _not_authorised(
                 f"user {name!r} already has {count} connections (max_connections)"
             )
         self.connections[name] = count + 1
-        return None
 
     def release(self, principal: Principal) -> None:
         name = principal.name

@@ -17,6 +17,7 @@ import attrs
 
 from broker.core.eventtypes import STAR
 from broker.core.reasons import ErrorKind
+from broker.core.refusals import FrameTooLarge
 from broker.core.router import Endpoint, Routed, Router
 from wire.skan import MAGIC, Nested, encode_item
 
@@ -85,10 +86,6 @@ def build_send(
     return Injected(len(body).to_bytes(4, "big") + body, header)
 
 
-class FrameTooLarge(Exception):
-    """A message the broker built is larger than ``max_frame`` (see :func:`check_injected`)."""
-
-
 def check_injected(router: Router, endpoint: Endpoint, message: Injected) -> None:
     """Hold a message the broker built (from an HSP payload, a Hat event, a
     bridged event) to the same ``max_frame`` as received Skan frames, so no
@@ -108,9 +105,10 @@ def check_injected(router: Router, endpoint: Endpoint, message: Injected) -> Non
 def route_injected(router: Router, endpoint: Endpoint, message: Injected) -> Routed:
     """Route an injected message as ``endpoint``'s own send.
 
-    Raises :class:`FrameTooLarge` (counted, nothing routed) when it passes
-    ``max_frame``: every injected message enters routing here, so the rule
-    is enforced in one place.
+    Raises :class:`~broker.core.refusals.FrameTooLarge` (counted, nothing
+    routed) when it passes ``max_frame``: every injected message enters
+    routing here, so the rule is enforced in one place; and, from the router,
+    :class:`~broker.core.refusals.NotPermitted` when ``endpoint`` may not send it.
     """
     check_injected(router, endpoint, message)
     return router.route(endpoint, message.frame, message.header)

@@ -9,8 +9,11 @@ queues, or applies the slow-consumer policy).
 
 Who receives what is the subscription index's (broker/core/sublist.py, with
 its recipient cache); the counters are broker/core/counters.py's, the lnames
-broker/core/lnames.py's.  The router enforces permissions and limits before
-it changes the index, routes and batches, and hands batches to observers.
+broker/core/lnames.py's, permission enforcement broker/core/enforcement.py's
+(``Router.enforcer``).  The router asks the enforcer and applies the
+subscription limit before it changes the index, routes and batches, and
+hands batches to observers.  Refusals are raised, one family
+(broker/core/refusals.py).
 """
 
 from __future__ import annotations
@@ -23,18 +26,13 @@ from typing import Any
 
 import attrs
 
-from broker.core.auth import (
-    PUBLISH,
-    SUBSCRIBE,
-    Authenticator,
-    Permissions,
-    Principal,
-    Refusal,
-)
+from broker.core.auth import Authenticator, Permissions, Principal
 from broker.core.counters import Counters
+from broker.core.enforcement import Enforcer
 from broker.core.eventtypes import STAR
 from broker.core.lnames import LnameFactory
 from broker.core.reasons import CloseReason
+from broker.core.refusals import TooManySubscriptions
 from broker.core.sublist import (
     MEONLY,
     NORMAL,
@@ -75,7 +73,7 @@ class Endpoint:
         self.bytes_out = 0
         self.dropped = 0
         self.closed = False
-        # Who this connection is (section 7): set by Router.login.  ``perms``
+        # Who this connection is (section 7): set by Enforcer.login.  ``perms``
         # None means full rights (the hot path tests only that).
         self.principal: Principal | None = None
         self.perms: Permissions | None = None
@@ -97,14 +95,6 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.lname.decode(errors='replace')}>"
-
-
-class NotPermitted(Exception):
-    """A send or subscription outside the connection's permissions (already counted)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @attrs.define(slots=True, eq=False)
@@ -131,7 +121,9 @@ class Routed:
 
 
 class Router:
-    """Subscription index plus the send rules of BROKER-SPEC section 1."""
+    """Endpoints and the send rules of BROKER-SPEC section 1: routing, batches,
+    observers; who receives is the index's (``index``), what a connection may
+    do the enforcer's (``enforcer``)."""
 
     def __init__(
         self,
@@ -198,106 +190,39 @@ class Router:
         # buckets the transport fills per received chunk.
         self.group_stats: dict[bytes, list[int]] | None = None
         self.latency: Any = None
-        # Users and credentials (section 7); replaced on reload (reload_auth).
-        self.auth = Authenticator()
+        # Section 7: users, credentials and the permission checks
+        # (enforcement.py); its ``auth`` is replaced on reload (reload_auth).
+        self.enforcer = Enforcer(self.counters)
         # Extra sections of the ``stats`` reply, by name (e.g. "cluster"): each
         # returns a small dict when asked, so ``stats`` walks nothing for them.
         self.stats_sections: dict[str, Callable[[], dict[str, Any]]] = {}
 
-    # ---- authentication and permissions (section 7) ----------------------
-    #
-    # The one place permissions are enforced, for every protocol: route()
-    # checks sends (replies included), subscribe() and subscribe_pattern()
-    # check subscriptions, _recipients() checks who may receive a reply.
-
-    def login(self, endpoint: Endpoint, token: str | bytes | None) -> str | None:
-        """Authenticate a connection from its token and/or certificate name.
-
-        Returns None when accepted (the endpoint then carries its principal and
-        permissions), else the refusal reason ("not authorised: ..."), counted
-        in ``auth_failures``; the adapter then refuses and closes.
-        """
-        result = self.auth.authenticate(endpoint.protocol, token, endpoint.cert_name)
-        if isinstance(result, Principal):
-            refused = self.auth.acquire(result)
-            if refused is None:
-                self._set_principal(endpoint, result)
-                return None
-            result = refused
-        assert isinstance(result, Refusal)
-        self.counters.auth_failure(endpoint.protocol)
-        return result.reason
-
-    def login_bridge(self, endpoint: Endpoint, user: str | None) -> None:
-        """Bridges act as their configured ``user`` (None: full rights)."""
-        self._set_principal(endpoint, self.auth.bridge_principal(user))
-
-    def _set_principal(self, endpoint: Endpoint, principal: Principal) -> None:
-        if endpoint.principal is not None:
-            self.auth.release(endpoint.principal)  # (bridges are never counted)
-        self._grant(endpoint, principal)
-
-    @staticmethod
-    def _grant(endpoint: Endpoint, principal: Principal) -> None:
-        endpoint.principal = principal
-        perms = endpoint.perms = principal.perms
-        endpoint.publish_allowed = None if perms is None else perms.publish_allowed
-
-    def _denied(self, endpoint: Endpoint, action: str, reason: str) -> NotPermitted:
-        self.counters.denied(endpoint.protocol, action)
-        return NotPermitted(reason)
-
-    def check_publish(self, endpoint: Endpoint, group: bytes) -> None:
-        """Raise :class:`NotPermitted` (counted) if ``endpoint`` may not send to ``group``."""
-        perms = endpoint.perms
-        if perms is not None and not perms.may_publish(group):
-            raise self._denied(endpoint, PUBLISH, perms.publish_problem(group) or "")
-
-    def may_read(self, endpoint: Endpoint, group: bytes, to: bytes) -> bool:
-        """Could ``endpoint`` receive a message of ``group`` addressed ``to``
-        through a subscription it is permitted?  (Eventer queries over
-        retained messages use it.)  Directed messages to others need promisc."""
-        perms = endpoint.perms
-        if perms is None:
-            return True
-        if not perms.may_subscribe(group):
-            return False
-        return to == STAR or to == endpoint.lname or perms.promisc
+    # ---- permissions (section 7): the enforcer's, applied here -----------
 
     def reload_auth(self, auth: Authenticator) -> list[Endpoint]:
         """Switch to a reloaded configuration of users and permissions.
 
         Live connections keep their principal with the new permissions;
         subscriptions no longer permitted are removed.  Returns the endpoints
-        whose credential no longer authenticates (removed user, changed token,
-        anonymous access withdrawn): the caller closes them.
+        whose credential no longer authenticates: the caller closes them.
         """
-        auth.connections = self.auth.connections
-        self.auth = auth
-        revoked: list[Endpoint] = []
+        revoked = self.enforcer.reload(auth, list(self.endpoints.values()))
+        closing = set(revoked)
+        index = self.index
         for ep in list(self.endpoints.values()):
-            old = ep.principal
-            if old is None:
-                continue
-            new = auth.still_valid(old)
-            if new is None:
-                revoked.append(ep)
-                continue
-            self._grant(ep, new)
-            if new.perms is not None:
-                self._prune(ep, new.perms)
-        # Permissions decide reply eligibility in every group: drop every cached set.
-        self.index.invalidate_group(None)
-        return revoked
-
-    def _prune(self, ep: Endpoint, perms: Permissions) -> None:
-        """Remove the subscriptions of ``ep`` that ``perms`` no longer allow."""
-        for group, instance, subtype in self.index.instance_subscriptions(ep):
-            if perms.subscribe_problem(group, subtype == PROMISC) is not None:
+            if ep in closing or ep.perms is None:
+                continue  # closing keeps what it had; full rights refuse nothing
+            instances, patterns = self.enforcer.refused_subscriptions(
+                ep,
+                [(g, i, st == PROMISC) for g, i, st in index.instance_subscriptions(ep)],
+                [(p, st == PROMISC) for p, st in index.pattern_subscriptions(ep)])
+            for group, instance in instances:
                 self.unsubscribe(ep, group, instance)
-        for pattern, subtype in self.index.pattern_subscriptions(ep):
-            if perms.pattern_problem(pattern, subtype == PROMISC) is not None:
+            for pattern in patterns:
                 self.unsubscribe_pattern(ep, pattern)
+        # Permissions decide reply eligibility in every group: drop every cached set.
+        index.invalidate_group(None)
+        return revoked  # type: ignore[return-value]
 
     # ---- endpoints -------------------------------------------------------
 
@@ -322,8 +247,7 @@ class Router:
         endpoint.closed = True
         del self.endpoints[endpoint.lname]
         self.live[endpoint.protocol] -= 1
-        if endpoint.principal is not None:
-            self.auth.release(endpoint.principal)
+        self.enforcer.release(endpoint)
         self.index.remove(endpoint)
         self.counters.endpoint_gone(endpoint.protocol, reason, endpoint.msgs_in,
                                     endpoint.bytes_in, endpoint.msgs_out, endpoint.bytes_out,
@@ -346,36 +270,37 @@ class Router:
         """Subscriptions ``endpoint`` holds: instance subscriptions plus patterns."""
         return self.index.total(endpoint)
 
-    def subscriptions_fit(self, endpoint: Endpoint, n: int = 1) -> bool:
-        """Whether ``n`` more subscriptions stay within ``max_subscriptions``.
+    def check_room(self, endpoint: Endpoint, n: int) -> None:
+        """Raise :class:`TooManySubscriptions` (counted in ``subscriptions_refused``)
+        unless ``n`` more subscriptions stay within ``max_subscriptions``: what
+        an adapter asks before it subscribes a batch of patterns (an Eventer
+        or Mariner init)."""
+        if self.subscription_total(endpoint) + n > self.max_subscriptions:
+            self.counters.subscriptions_refused += 1
+            raise TooManySubscriptions(
+                f"too many subscriptions: {n} (at most {self.max_subscriptions} per connection)")
 
-        A refusal is counted here (``subscriptions_refused``); the adapter
-        answers with its protocol's refusal and counts that as a protocol error.
-        """
-        if self.subscription_total(endpoint) + n <= self.max_subscriptions:
-            return True
-        self.counters.subscriptions_refused += 1
-        return False
+    def _check_one_more(self, endpoint: Endpoint) -> None:
+        if self.subscription_total(endpoint) >= self.max_subscriptions:
+            self.counters.subscriptions_refused += 1
+            raise TooManySubscriptions(
+                f"too many subscriptions: this connection already holds "
+                f"{self.max_subscriptions} (max_subscriptions)")
 
-    def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> bool:
+    def subscribe(self, endpoint: Endpoint, group: bytes, instance: bytes, subtype: int) -> None:
         """Keyed (group, instance, endpoint): re-subscribing replaces the subtype.
 
-        Returns False (counted, nothing changed) when a new subscription would
-        pass ``max_subscriptions``; replacing a subtype is always allowed.
-        Raises :class:`NotPermitted` (counted; nothing subscribed) outside the
-        endpoint's subscribe permissions.
+        Raises, nothing subscribed: :class:`~broker.core.refusals.NotPermitted`
+        (counted) outside the endpoint's subscribe permissions,
+        :class:`~broker.core.refusals.TooManySubscriptions` (counted) when a new
+        subscription would pass ``max_subscriptions`` (replacing a subtype
+        is always allowed).
         """
-        perms = endpoint.perms
-        if perms is not None:
-            problem = perms.subscribe_problem(group, subtype == PROMISC)
-            if problem is not None:
-                raise self._denied(endpoint, SUBSCRIBE, problem)
+        self.enforcer.check_subscribe(endpoint, group, subtype == PROMISC)
         index = self.index
-        old = index.subtype(endpoint, group, instance)
-        if old is None and not self.subscriptions_fit(endpoint):
-            return False
+        if index.subtype(endpoint, group, instance) is None:
+            self._check_one_more(endpoint)
         index.subscribe(endpoint, group, instance, subtype)
-        return True
 
     def unsubscribe(self, endpoint: Endpoint, group: bytes, instance: bytes) -> None:
         """No-op when the subscription does not exist."""
@@ -383,24 +308,20 @@ class Router:
 
     def subscribe_pattern(
         self, endpoint: Endpoint, pattern: Iterable[bytes], subtype: int = NORMAL
-    ) -> bool:
+    ) -> None:
         """Subscribe to every message whose event type matches a Hat pattern.
 
-        Returns False (counted) when it would pass ``max_subscriptions``.
-        Raises :class:`NotPermitted` (counted) when the pattern reaches a group
-        outside the endpoint's subscribe permissions.
+        Raises, nothing subscribed: :class:`~broker.core.refusals.NotPermitted`
+        (counted) when the pattern reaches a group outside the endpoint's
+        subscribe permissions, :class:`~broker.core.refusals.TooManySubscriptions`
+        (counted) when it would pass ``max_subscriptions``.
         """
         pattern = tuple(pattern)
-        perms = endpoint.perms
-        if perms is not None:
-            problem = perms.pattern_problem(pattern, subtype == PROMISC)
-            if problem is not None:
-                raise self._denied(endpoint, SUBSCRIBE, problem)
+        self.enforcer.check_pattern(endpoint, pattern, subtype == PROMISC)
         index = self.index
-        if not index.holds_pattern(endpoint, pattern) and not self.subscriptions_fit(endpoint):
-            return False
+        if not index.holds_pattern(endpoint, pattern):
+            self._check_one_more(endpoint)
         index.subscribe_pattern(endpoint, pattern, subtype)
-        return True
 
     def unsubscribe_pattern(self, endpoint: Endpoint, pattern: Iterable[bytes]) -> None:
         self.index.unsubscribe_pattern(endpoint, pattern)
@@ -460,8 +381,9 @@ class Router:
     ) -> Routed:
         """Route one validated ``send``: deliver to every recipient except the sender.
 
-        Raises :class:`NotPermitted` (counted, nothing routed) when the sender
-        may not send to the group (replies included: a reply is a send).
+        Raises :class:`~broker.core.refusals.NotPermitted` (counted, nothing
+        routed) when the sender may not send to the group (replies included:
+        a reply is a send).
 
         ``header`` must hold DATA values for group, instance and to (the
         caller validated them).  Never blocks and never raises for a slow
@@ -475,10 +397,11 @@ class Router:
             key = (header[b"group"], header[b"instance"], header[b"to"],
                    b"repl" in header or b"reply" in header)
         # Section 7, hot path: a group already known to be allowed costs one
-        # set membership test, no call; full rights cost an ``is None``.
+        # set membership test, no call; full rights cost an ``is None``.  A
+        # miss asks the enforcer (which fills ``allowed`` or raises).
         allowed = sender.publish_allowed
         if allowed is not None and key[0] not in allowed:
-            self.check_publish(sender, key[0])
+            self.enforcer.check_publish(sender, key[0])
         recips = self._cache.get(key)
         if recips is None:
             recips = self.index.recipients(*key)
@@ -545,7 +468,7 @@ class Router:
         messages join the batch like routed ones (observers get them at
         :meth:`hand_over`, ``local_observers`` not: they did not enter here).
         """
-        self.check_publish(sender, key[0])  # once per run: route() inlines its fast path
+        self.enforcer.check_publish(sender, key[0])  # once per run
         recips = self.recipients(*key)
         n = len(frames)
         server, session, first = origin

@@ -5,20 +5,20 @@ answers through ``endpoint.send_control``.  The Skan listener and the HSP
 listener ("Skan over HSP") both drive it, so the semantics exist once.
 
 ``handle`` raises :class:`wire.skan.SkanError` for a malformed message (the
-caller decides: the Skan listener closes, HSP answers ERROR 1) and returns
-a :class:`Rejected` for a well-formed message with a semantic fault.
+caller decides: the Skan listener closes, HSP answers ERROR 1) and a
+:class:`~broker.core.refusals.Refused` carrying the message's ``seq`` for a
+well-formed message it refuses (a semantic fault, permissions, the
+subscription limit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from time import perf_counter
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
-import attrs
-
-from broker.core.reasons import ErrorKind
-from broker.core.router import SUBTYPES, Endpoint, NotPermitted, RouteKey, Router
+from broker.core.refusals import Refused
+from broker.core.router import SUBTYPES, Endpoint, RouteKey, Router
 from wire.errors import ProtocolError
 from wire.skan import Nested, codec, decode_header, encode_frame
 from wire.skan.eventjson import PAYLOAD_JSON_TAG, loads_exact
@@ -93,50 +93,28 @@ class InputSlices(Generic[T]):
         self.pos = 0
 
 
-@attrs.frozen
-class Rejected:
-    """A well-formed message the broker refused; ``close`` ends the connection."""
-
-    reason: str
-    seq: bytes | None = None
-    close: bool = False
-    # A refusal of section 7 (credentials or permissions): HSP answers ERROR 4.
-    denied: bool = False
-    # Kind of protocol error it is counted as (a metric label).
-    label: ErrorKind = ErrorKind.REJECTED
-
-    def error_message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"type": "error", "error": self.reason}
-        if self.seq is not None:
-            msg["seq"] = self.seq
-        return msg
-
-
 def error_frame(reason: str, seq: bytes | None = None) -> bytes:
-    return encode_frame(Rejected(reason, seq).error_message())
+    """The Skan error frame answering a message numbered ``seq`` (None: none)."""
+    return encode_frame(Refused(reason, seq).error_message())
 
 
-def _data(header: dict[bytes, Any], tag: bytes, what: str) -> bytes | Rejected:
+def _data(header: dict[bytes, Any], tag: bytes, what: str, seq: bytes | None) -> bytes:
+    """The DATA value of field ``tag``; raises :class:`Refused` answering ``seq``."""
     value = header.get(tag)
     if value is None:
         if tag in header:
-            return Rejected(f"field '{tag.decode()}' of a {what} must be DATA, not NULL")
-        return Rejected(f"a {what} message needs the field '{tag.decode()}'")
+            raise Refused(f"field '{tag.decode()}' of a {what} must be DATA, not NULL", seq)
+        raise Refused(f"a {what} message needs the field '{tag.decode()}'", seq)
     if isinstance(value, Nested):
-        return Rejected(f"field '{tag.decode()}' of a {what} must be DATA")
+        raise Refused(f"field '{tag.decode()}' of a {what} must be DATA", seq)
     return value
 
 
 def _group_instance(header: dict[bytes, Any], what: str,
-                    seq: bytes | None) -> tuple[bytes, bytes] | Rejected:
-    """The DATA group and instance of a subscribe or unsubscribe (``what``)."""
-    group = _data(header, b"group", what)
-    if isinstance(group, Rejected):
-        return attrs.evolve(group, seq=seq)
-    instance = _data(header, b"instance", what)
-    if isinstance(instance, Rejected):
-        return attrs.evolve(instance, seq=seq)
-    return group, instance
+                    seq: bytes | None) -> tuple[bytes, bytes]:
+    """The DATA group and instance of a subscribe or unsubscribe (``what``);
+    raises :class:`Refused` answering ``seq``."""
+    return _data(header, b"group", what, seq), _data(header, b"instance", what, seq)
 
 
 def check_payload_json(header: dict[bytes, Any]) -> str | None:
@@ -219,110 +197,96 @@ class SkanHandler:
         # The connection's lname once getlname is done: what 'from' must say.
         self.lname: bytes | None = None
 
-    def handle(self, frame: bytes) -> Rejected | None:
-        """Apply one framed Skan message (4-byte prefix included)."""
+    def handle(self, frame: bytes) -> None:
+        """Apply one framed Skan message (4-byte prefix included).
+
+        Raises :class:`Refused` (answering the message's ``seq``) when it is
+        refused; the caller answers with it and closes if ``close`` is set.
+        """
         header, key = decode_send(frame, 4, self.lname)
         if key is not None:
             # Hot path: a well-formed send from this connection (no payload-json).
             try:
                 self.router.route(self.endpoint, frame, header, key=key)
-            except NotPermitted as exc:
-                return Rejected(exc.reason, header[b"seq"], denied=True)
-            return None
+            except Refused as exc:
+                raise exc.answering(header[b"seq"]) from None
+            return
         mtype = header.get(b"type")
         if mtype == b"send" and self.named:
             if PAYLOAD_JSON_TAG in header:
-                return self._tagged_send(frame, header)
-            return self._bad_send(header)
+                self._tagged_send(frame, header)
+                return
+            self._bad_send(header)
         seq = header.get(b"seq")
         seq = seq if type(seq) is bytes else None
         if not self.named:
             if mtype != b"getlname":
-                return Rejected("the first message must be getlname", seq, close=True)
+                raise Refused("the first message must be getlname", seq, close=True)
             # Section 7: getlname may carry the credential, a DATA field 'token'.
             token = header.get(b"token")
             if token is not None and type(token) is not bytes:
-                return Rejected("field 'token' of a getlname must be DATA", seq, close=True)
-            refused = self.router.login(self.endpoint, token)
-            if refused is not None:
-                return Rejected(refused, seq, close=True, denied=True)
+                raise Refused("field 'token' of a getlname must be DATA", seq, close=True)
+            try:
+                self.router.enforcer.login(self.endpoint, token)
+            except Refused as exc:
+                raise exc.answering(seq) from None
             self.named = True
             self.lname = self.endpoint.lname
             self.endpoint.send_control({"lname": self.endpoint.lname})
-            return None
+            return
         if mtype == b"subscribe":
-            return self._subscribe(header, seq)
-        if mtype == b"unsubscribe":
-            target = _group_instance(header, "unsubscribe", seq)
-            if isinstance(target, Rejected):
-                return target
-            self.router.unsubscribe(self.endpoint, *target)
-            return None
-        if mtype == b"stats":
+            self._subscribe(header, seq)
+        elif mtype == b"unsubscribe":
+            self.router.unsubscribe(self.endpoint, *_group_instance(header, "unsubscribe", seq))
+        elif mtype == b"stats":
             self.endpoint.send_control({"stats": self.router.stats()})
-            return None
-        if mtype == b"getlname":
+        elif mtype == b"getlname":
             self.endpoint.send_control({"lname": self.endpoint.lname})
-            return None
-        if mtype is None:
+        elif mtype is None:
             if b"type" in header:
-                return Rejected("the field 'type' must be DATA, not NULL", seq)
-            return Rejected("the message has no 'type' field", seq)
-        if isinstance(mtype, Nested):
-            return Rejected("the field 'type' must be DATA", seq)
-        return Rejected(f"unknown message type {mtype.decode(errors='replace')!r}", seq)
+                raise Refused("the field 'type' must be DATA, not NULL", seq)
+            raise Refused("the message has no 'type' field", seq)
+        elif isinstance(mtype, Nested):
+            raise Refused("the field 'type' must be DATA", seq)
+        else:
+            raise Refused(f"unknown message type {mtype.decode(errors='replace')!r}", seq)
 
-    def _tagged_send(self, frame: bytes, header: dict[bytes, Any]) -> Rejected | None:
+    def _tagged_send(self, frame: bytes, header: dict[bytes, Any]) -> None:
         """A send carrying the ``payload-json`` tag: routed once the tag is sound."""
         key = route_key(header, self.endpoint.lname)
         if key is None:
-            return self._bad_send(header)
+            self._bad_send(header)
+        seq = header[b"seq"]
         refused = check_payload_json(header)
         if refused is not None:
-            return Rejected(refused, header[b"seq"])
+            raise Refused(refused, seq)
         try:
             self.router.route(self.endpoint, frame, header, key=key)
-        except NotPermitted as exc:
-            return Rejected(exc.reason, header[b"seq"], denied=True)
-        return None
+        except Refused as exc:
+            raise exc.answering(seq) from None
 
-    def _bad_send(self, header: dict[bytes, Any]) -> Rejected:
+    def _bad_send(self, header: dict[bytes, Any]) -> NoReturn:
         seq = header.get(b"seq")
         seq = seq if type(seq) is bytes else None
         for tag in (b"group", b"instance", b"to", b"from", b"seq"):
-            value = _data(header, tag, "send")
-            if isinstance(value, Rejected):
-                return attrs.evolve(value, seq=seq)
+            _data(header, tag, "send", seq)
         if b"msg" not in header:
-            return Rejected("a send message needs the field 'msg' (NULL is allowed)", seq)
+            raise Refused("a send message needs the field 'msg' (NULL is allowed)", seq)
         sender = header[b"from"]
-        return Rejected(
+        raise Refused(
             f"'from' is {sender.decode(errors='replace')!r} but this connection's lname is "
             f"{self.endpoint.lname.decode()!r}",
             seq,
         )
 
-    def _subscribe(self, header: dict[bytes, Any], seq: bytes | None) -> Rejected | None:
-        target = _group_instance(header, "subscribe", seq)
-        if isinstance(target, Rejected):
-            return target
-        group, instance = target
+    def _subscribe(self, header: dict[bytes, Any], seq: bytes | None) -> None:
+        group, instance = _group_instance(header, "subscribe", seq)
         raw = header.get(b"subtype", b"normal")
         subtype = SUBTYPES.get(raw) if type(raw) is bytes else None
         if subtype is None:
             shown = raw.decode(errors="replace") if type(raw) is bytes else "not DATA"
-            return Rejected(
-                f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq
-            )
+            raise Refused(f"bad subtype {shown!r} (expected normal, meonly or promisc)", seq)
         try:
-            subscribed = self.router.subscribe(self.endpoint, group, instance, subtype)
-        except NotPermitted as exc:
-            return Rejected(exc.reason, seq, denied=True)
-        if not subscribed:
-            return Rejected(
-                f"too many subscriptions: this connection already holds "
-                f"{self.router.max_subscriptions} (max_subscriptions)",
-                seq,
-                label=ErrorKind.MAX_SUBSCRIPTIONS,
-            )
-        return None
+            self.router.subscribe(self.endpoint, group, instance, subtype)
+        except Refused as exc:
+            raise exc.answering(seq) from None

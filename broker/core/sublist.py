@@ -5,7 +5,8 @@ In the manner of nats-server's ``sublist.go``: who subscribes to what
 can reach) and the cached answer to "who receives a message of (group,
 instance, to, is-reply)", with the invalidation that keeps the cache true.
 The router (broker/core/router.py) asks it for recipients and delivers; it
-checks permissions and limits before it changes anything here.
+checks permissions (broker/core/enforcement.py, which also says who may get
+a reply) and limits before it changes anything here.
 
 Recipient sets are cached per (group, instance, to, is-reply), so
 steady-state routing is one dict lookup plus one ``deliver`` per recipient.
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from broker.core.bounded import BoundedCache
+from broker.core.enforcement import may_get_reply
 from broker.core.eventtypes import STAR, event_type, matches, pattern_group
 
 # Subscription kinds (Skan ``subtype``).
@@ -93,14 +95,6 @@ def _patterns_take(
         ):
             return True
     return False
-
-
-
-def _may_get_reply(target: Subscriber, group: bytes) -> bool:
-    """A reply reaches its requester regardless of subscriptions, but only in a
-    group the requester may subscribe to (as NATS asks for subscribe permission
-    on reply subjects)."""
-    return target.perms is None or target.perms.may_subscribe(group)
 
 
 
@@ -371,13 +365,13 @@ class SubscriptionIndex:
                 else:
                     target = self.endpoints.get(to)
                     if target is not None and (
-                        (reply and _may_get_reply(target, group)) or target in members.directed
+                        (reply and may_get_reply(target.perms, group)) or target in members.directed
                     ):
                         out[target] = None
                     out.update(dict.fromkeys(members.promisc))
             elif to != STAR and reply:
                 target = self.endpoints.get(to)
-                if target is not None and _may_get_reply(target, group):
+                if target is not None and may_get_reply(target.perms, group):
                     out[target] = None
         else:
             gmap = self._subs.get(group, {})
@@ -390,7 +384,7 @@ class SubscriptionIndex:
             else:
                 target = self.endpoints.get(to)
                 if target is not None and (
-                    (reply and _may_get_reply(target, group))
+                    (reply and may_get_reply(target.perms, group))
                     or any(inst_map.get(target, PROMISC) != PROMISC for inst_map in inst_maps)
                 ):
                     out[target] = None

@@ -20,9 +20,10 @@ import attrs
 import trio
 
 from broker.core.backoff import Backoff
-from broker.core.inject import FrameTooLarge, Injected, route_injected
+from broker.core.inject import Injected, route_injected
 from broker.core.reasons import CloseReason
-from broker.core.router import NORMAL, Endpoint, NotPermitted, Routed, Router
+from broker.core.refusals import FrameTooLarge, Refused
+from broker.core.router import NORMAL, Endpoint, Routed, Router
 from broker.serving.config import BridgeSection
 from broker.serving.tls import client_ssl_context
 from broker.store.spool import BridgeSpool
@@ -50,30 +51,31 @@ class BridgeStatus:
     too_large_logged: bool = False
 
 
-def bridge_route(
-    router: Router, ep: Endpoint, message: Injected, status: BridgeStatus
-) -> NotPermitted | FrameTooLarge | None:
-    """Route a message the bridge received; None once routed, else the refusal:
-    :class:`NotPermitted` when the bridge's ``user`` may not send it (counted in
-    skan_permission_denied_total), :class:`FrameTooLarge` when its Skan message
-    would pass ``max_frame`` (counted as a too-large protocol error).  Each kind
-    is logged once per bridge, then only counted."""
+def bridge_route(router: Router, ep: Endpoint, message: Injected, status: BridgeStatus) -> None:
+    """Route a message the bridge received (counted in ``status.received``).
+
+    A refusal is logged here, once per bridge and kind, then only counted,
+    and raised for the bridge to answer (or drop):
+    :class:`~broker.core.refusals.NotPermitted` when the bridge's ``user``
+    may not send it (counted in skan_permission_denied_total),
+    :class:`~broker.core.refusals.FrameTooLarge` when its Skan message would
+    pass ``max_frame`` (counted as a too-large protocol error)."""
     try:
         route_injected(router, ep, message)
-    except NotPermitted as exc:
-        _denied(status, exc)
-        return exc
     except FrameTooLarge as exc:
         status.last_error = f"a received message was refused: {exc}"
         if not status.too_large_logged:
             status.too_large_logged = True
             log.warning("bridge %s: %s (further ones are only counted)",
                         status.name, status.last_error)
-        return exc
-    return None
+        raise
+    except Refused as exc:
+        _denied(status, exc)
+        raise
+    status.received += 1
 
 
-def _denied(status: BridgeStatus, exc: NotPermitted) -> None:
+def _denied(status: BridgeStatus, exc: Refused) -> None:
     status.last_error = exc.reason
     if not status.denied_logged:
         status.denied_logged = True
@@ -197,11 +199,11 @@ async def run_bridge(
     ep.remote = cfg.address
     router.attach(ep)
     # Section 7: the bridge acts as its configured user (default: full rights).
-    router.login_bridge(ep, cfg.user)
+    router.enforcer.login_bridge(ep, cfg.user)
     if subscribe:
         try:
             router.subscribe(ep, cfg.group.encode(), cfg.instance.encode(), NORMAL)
-        except NotPermitted as exc:
+        except Refused as exc:
             _denied(status, exc)
     try:
         await _reconnect_forever(status, cfg, attempt)

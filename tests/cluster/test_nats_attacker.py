@@ -25,7 +25,7 @@ from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker, send_until_received, wait_cluster
 from tests.cluster.rawnats import RawNats, run
 from tests.hardening.bystander import bystander, load_factor, tracebacks
-from tests.runtime.test_limits import metric_samples, sample
+from tests.serving.test_limits import metric_samples, sample
 from toolkit.eventer_client import EventerClient
 from wire import eventer as w
 from wire import nats

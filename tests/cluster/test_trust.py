@@ -92,7 +92,7 @@ def test_claims_get_this_brokers_permissions():
 
 def broker2() -> tuple[Router, Backplane, Recorder]:
     router = Router(server_id=2)
-    router.auth = auth(allow_anonymous=False)
+    router.enforcer.auth = auth(allow_anonymous=False)
     bp = Backplane(router, 2)
     sub = Recorder()
     router.attach(sub)

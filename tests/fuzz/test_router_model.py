@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from broker.core.eventtypes import STAR, matches
+from broker.core.refusals import TooManySubscriptions
 from broker.core.router import MEONLY, NORMAL, PROMISC, Endpoint, Routed, Router
 from tests.fuzz.conftest import PROFILE, tally
 
@@ -31,6 +32,16 @@ class Sink(Endpoint):
 
 def event_type(group: bytes, instance: bytes) -> tuple[bytes, ...]:
     return (group,) if instance == STAR else (group, *instance.split(b"/"))
+
+
+def subscribed(subscribe, *args) -> bool:
+    """True when ``subscribe(*args)`` subscribed, False when it refused the
+    subscription for passing max_subscriptions (the only refusal here)."""
+    try:
+        subscribe(*args)
+    except TooManySubscriptions:
+        return False
+    return True
 
 
 class RouterModel(RuleBasedStateMachine):
@@ -93,7 +104,7 @@ class RouterModel(RuleBasedStateMachine):
         ep = data.draw(st.sampled_from(self.live))
         held = self.subs[ep]
         fits = (group, instance) in held or len(held) + len(self.pats[ep]) < 6
-        assert self.router.subscribe(ep, group, instance, subtype) == fits
+        assert subscribed(self.router.subscribe, ep, group, instance, subtype) == fits
         if fits:
             held[(group, instance)] = subtype
 
@@ -108,7 +119,7 @@ class RouterModel(RuleBasedStateMachine):
         ep = data.draw(st.sampled_from(self.live))
         pats = self.pats[ep]
         fits = pattern in pats or len(self.subs[ep]) + len(pats) < 6
-        assert self.router.subscribe_pattern(ep, pattern, subtype) == fits
+        assert subscribed(self.router.subscribe_pattern, ep, pattern, subtype) == fits
         if fits:
             pats[pattern] = subtype
 

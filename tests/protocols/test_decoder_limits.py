@@ -14,7 +14,7 @@ import trio
 
 from tests.brokerproc import BrokerProcess
 from tests.rawskan import RawSkan
-from tests.runtime.test_limits import Bystander, metric_samples, sample, wait_eof
+from tests.serving.test_limits import Bystander, metric_samples, sample, wait_eof
 from wire import mariner as mw
 from wire.eventer import ClientConnection, InitReq, InitResult, Status
 from wire.limits import MAX_ITEMS

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core.auth import Authenticator, Permissions, User
-from broker.core.router import MEONLY, NORMAL, PROMISC, NotPermitted, Router
+from broker.core.refusals import NotPermitted
+from broker.core.router import MEONLY, NORMAL, PROMISC, Router
 from tests.security.common import Sink
 from wire.skan import decode_header, encode_frame
 
@@ -51,11 +52,11 @@ def make_auth(perms: list[tuple[list[str], list[str], bool]]) -> Authenticator:
 @given(st.lists(user_perms, min_size=N_USERS, max_size=N_USERS), st.lists(op, max_size=60))
 def test_no_delivery_outside_subscribe_permissions(initial, ops):
     router = Router(hostname="prop")
-    router.auth = make_auth(initial)
+    router.enforcer.auth = make_auth(initial)
     conns = [Sink() for _ in range(N_CONNS)]
     for i, ep in enumerate(conns):
         router.attach(ep)
-        assert router.login(ep, f"t{i % N_USERS}".encode()) is None
+        router.enforcer.login(ep, f"t{i % N_USERS}".encode())
     seq = 0
     for step in ops:
         kind = step[0]

@@ -38,6 +38,7 @@ import trio
 
 from broker.core import events
 from broker.core.reasons import Protocol
+from broker.core.refusals import Refused
 from broker.core.router import Routed
 from broker.serving.bridge_runner import (
     BridgeStatus,
@@ -121,8 +122,10 @@ class EventerBridge:
             except events.MappingError as exc:
                 log.warning("bridge %s: event %s skipped: %s", self.status.name, ev.id, exc)
                 continue
-            if bridge_route(self.router, self.ep, message, self.status) is None:
-                self.status.received += 1
+            try:
+                bridge_route(self.router, self.ep, message, self.status)
+            except Refused:
+                continue  # counted and logged by bridge_route
         self.router.end_batch()
 
     async def _notifications(self, client: EventerClient) -> None:

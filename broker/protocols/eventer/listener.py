@@ -23,11 +23,12 @@ import trio
 
 from broker.core import events
 from broker.core.eventtypes import pattern_problem
-from broker.core.inject import FrameTooLarge, check_injected, route_injected
+from broker.core.inject import check_injected, route_injected
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
+from broker.core.refusals import FrameTooLarge, NotPermitted, Refused
 from broker.core.retention import Entry, RetentionStore, view
-from broker.core.router import NotPermitted, Routed, Router
+from broker.core.router import Routed, Router
 from broker.core.skan_handler import InputSlices
 from broker.protocols.eventer.mapping import fast_encode_routed
 from broker.serving.context import BrokerContext
@@ -273,15 +274,17 @@ class EventerEndpoint(QueuedEndpoint):
         self.opened = True
         self.client_name = r.client_name
         # Section 7: clientToken (or a client certificate) identifies the user.
-        refused = self.router.login(self, r.client_token)
-        if refused is not None:
-            self._refuse(req, refused, ErrorKind.NOT_AUTHORISED)
+        try:
+            self.router.enforcer.login(self, r.client_token)
+        except Refused as exc:
+            self._refuse(req, exc.reason, ErrorKind.NOT_AUTHORISED)
             return
         reason = None
         # [broker] max_subscriptions bounds the patterns of one connection.
-        if not self.router.subscriptions_fit(self, len(r.subscriptions)):
-            reason = (f"too many subscriptions: {len(r.subscriptions)} "
-                      f"(at most {self.router.max_subscriptions} per connection)")
+        try:
+            self.router.check_room(self, len(r.subscriptions))
+        except Refused as exc:
+            reason = exc.reason
         for pattern in r.subscriptions:
             reason = reason or pattern_problem(pattern)
         if reason is not None:
@@ -298,9 +301,9 @@ class EventerEndpoint(QueuedEndpoint):
             for pattern in r.subscriptions:
                 try:
                     self.router.subscribe_pattern(self, events.pattern_bytes(pattern))
-                except NotPermitted as exc:
+                except Refused as exc:
                     # A pattern reaching outside 'subscribe' refuses the init.
-                    self._refuse(req, exc.reason, ErrorKind.NOT_AUTHORISED)
+                    self._refuse(req, exc.reason, exc.kind)
                     return
         self.proto.accept(req.conv, self.service.status)
         self.service.connections.add(self)
@@ -331,7 +334,7 @@ class EventerEndpoint(QueuedEndpoint):
             try:
                 # All or nothing: every event's group is checked before any is routed.
                 for message in sends:
-                    self.router.check_publish(self, message.header[b"group"])
+                    self.router.enforcer.check_publish(self, message.header[b"group"])
             except NotPermitted as exc:
                 failure = exc.reason
         if failure is None:
@@ -375,7 +378,7 @@ class EventerEndpoint(QueuedEndpoint):
         # Section 7: a query returns only what this client could have subscribed to.
         visible = None
         if self.perms is not None:
-            may_read = self.router.may_read
+            may_read = self.router.enforcer.may_read
 
             def visible(entry: Entry) -> bool:
                 header = view(entry).header

@@ -34,9 +34,10 @@ from typing import Any
 
 import trio
 
-from broker.core.inject import FrameTooLarge, build_send
+from broker.core.inject import build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
+from broker.core.refusals import FrameTooLarge, NotPermitted
 from broker.core.router import Routed, Router
 from broker.serving.bridge_runner import (
     BridgeStatus,
@@ -148,13 +149,13 @@ class HSPBridge:
         self._seq += 1
         message = build_send(self.ep.lname, self.group, self.instance, self._seq, payload,
                              {HSP_TYPE_TAG: str(hsp_type).encode()})
-        refused = bridge_route(self.router, self.ep, message, self.status)
-        if refused is None:
-            self.status.received += 1
-            return None
-        if isinstance(refused, FrameTooLarge):
-            return f"payload of {len(payload)} bytes: {refused}"
-        return None  # not permitted: counted and logged by bridge_route; ACKed as before
+        try:
+            bridge_route(self.router, self.ep, message, self.status)
+        except FrameTooLarge as exc:
+            return f"payload of {len(payload)} bytes: {exc}"
+        except NotPermitted:
+            pass  # counted and logged by bridge_route; ACKed as before
+        return None
 
     # ---- one connection -------------------------------------------------------
 

@@ -38,8 +38,9 @@ import trio
 
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
+from broker.core.refusals import Refused
 from broker.core.router import Routed, Router
-from broker.core.skan_handler import InputSlices, Rejected, SkanHandler, error_frame
+from broker.core.skan_handler import InputSlices, SkanHandler, error_frame
 from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
 from wire.hsp import (
@@ -132,7 +133,7 @@ class HSPEndpoint(QueuedEndpoint):
         self.counters.protocol_error(self.protocol, kind or ERROR_REASONS[code])
         self.enqueue(self.hsp.send(Error(mid, code, reason.encode())))
 
-    def _data_error(self, label: ErrorKind, rejected: Rejected) -> None:
+    def _data_error(self, label: ErrorKind, rejected: Refused) -> None:
         """A fault in a plain DATA: the Skan error frame, delivered as DATA Type 1."""
         self.counters.protocol_error(self.protocol, label)
         self.enqueue(self.encode_control(rejected.error_message()))
@@ -159,7 +160,7 @@ class HSPEndpoint(QueuedEndpoint):
                 self._apply(exc.events)
                 if self.closing is None:
                     self._data_error(ErrorKind.PROTOCOL_VIOLATION,
-                                     Rejected(f"HSP protocol error: {exc.reason}"))
+                                     Refused(f"HSP protocol error: {exc.reason}"))
                     self.closing = CloseReason.PROTOCOL_ERROR
                 return False
         for events in inp.take(_event_size):
@@ -184,19 +185,16 @@ class HSPEndpoint(QueuedEndpoint):
                     self.counters.drop(self.protocol, DropReason.UNKNOWN_TYPE)
                     continue
                 try:
-                    rejected = handle(ev.framed)
+                    handle(ev.framed)
                 except SkanError as exc:
                     self._data_error(ErrorKind.MALFORMED,
-                                     Rejected(f"malformed Skan message: {exc}"))
-                    continue
-                if rejected is not None:
+                                     Refused(f"malformed Skan message: {exc}"))
+                except Refused as rejected:
                     if rejected.close:
                         self._data_error(ErrorKind.NOT_AUTHORISED, rejected)
                         self.closing = CloseReason.PROTOCOL_ERROR
                         return
-                    self._data_error(
-                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label,
-                        rejected)
+                    self._data_error(rejected.kind, rejected)
             elif t is DataAck:
                 if not self._data_ack(ev, handle):
                     return
@@ -208,7 +206,7 @@ class HSPEndpoint(QueuedEndpoint):
                 if ev.command == DATA_ACK:
                     self._answer_error(ev.message_id, TOO_LARGE, reason)
                 else:
-                    self._data_error(ErrorKind.TOO_LARGE, Rejected(reason))
+                    self._data_error(ErrorKind.TOO_LARGE, Refused(reason))
             # Pong: any received byte already counts as liveness (last_rx).
             # Ack/Error/ErrorUndef cannot get here: the broker never sends
             # DATA_ACK to a listener client, so the state machine refuses them.
@@ -223,11 +221,14 @@ class HSPEndpoint(QueuedEndpoint):
             )
             return True
         self._held = held = []
+        rejected: Refused | None = None
         try:
-            rejected = handle(ev.framed)
+            handle(ev.framed)
         except SkanError as exc:
             self._answer_error(mid, MALFORMED, f"malformed Skan message: {exc}")
             return True
+        except Refused as exc:
+            rejected = exc
         finally:
             self._held = None
         if rejected is None:
@@ -242,7 +243,7 @@ class HSPEndpoint(QueuedEndpoint):
         if rejected.denied:
             self._answer_error(mid, NOT_AUTHORISED, rejected.reason)
         else:
-            self._answer_error(mid, REJECTED, rejected.reason, rejected.label)
+            self._answer_error(mid, REJECTED, rejected.reason, rejected.kind)
         return True
 
 

@@ -32,8 +32,9 @@ from broker.core.events import pattern_bytes
 from broker.core.eventtypes import pattern_problem
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, DropReason, ErrorKind, Protocol
+from broker.core.refusals import NotPermitted, Refused
 from broker.core.retention import RetentionStore, view
-from broker.core.router import NotPermitted, Routed, Router
+from broker.core.router import Routed, Router
 from broker.protocols.mariner.mapping import EncodedEvents
 from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
@@ -138,16 +139,16 @@ class MarinerEndpoint(QueuedEndpoint):
         self.opened = True
         # Section 7: client_token (or a client certificate) identifies the user;
         # a refusal closes the connection (after an error message, see above).
-        refused = self.router.login(self, init.client_token)
-        if refused is not None:
-            self._unauthorised(refused)
+        try:
+            self.router.enforcer.login(self, init.client_token)
+        except Refused as exc:
+            self._unauthorised(exc.reason)
             return
         # [broker] max_subscriptions bounds the patterns of one connection.
-        if not self.router.subscriptions_fit(self, len(init.subscriptions)):
-            self._fatal(
-                f"too many subscriptions: {len(init.subscriptions)} "
-                f"(at most {self.router.max_subscriptions} per connection)"
-            )
+        try:
+            self.router.check_room(self, len(init.subscriptions))
+        except Refused as exc:
+            self._fatal(exc.reason)
             return
         for pattern in init.subscriptions:
             problem = pattern_problem(pattern)

@@ -26,10 +26,12 @@ dropped.  Keep-alive uses the ``[mariner]`` ping_delay/ping_timeout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from broker.core.events import MappingError, send_for_event
 from broker.core.reasons import DropReason, ErrorKind, Protocol
+from broker.core.refusals import Refused
 from broker.core.router import Endpoint, Routed, Router
 from broker.serving.bridge_runner import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
 from broker.serving.config import BridgeSection
@@ -107,8 +109,8 @@ class MarinerBridge:
             self._refuse(event, str(exc))
             return
         # A refusal (permissions, max_frame) is counted and logged by bridge_route.
-        if bridge_route(self.router, self.ep, message, self.status) is None:
-            self.status.received += 1
+        with contextlib.suppress(Refused):
+            bridge_route(self.router, self.ep, message, self.status)
 
     def _refuse(self, event: mw.Event, reason: str) -> None:
         self.router.counters.protocol_error(self.ep.protocol, ErrorKind.UNROUTABLE_EVENT)

@@ -9,6 +9,7 @@ import trio
 
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
+from broker.core.refusals import Refused
 from broker.core.router import Routed, Router
 from broker.core.skan_handler import InputSlices, SkanHandler, error_frame
 from broker.serving.context import BrokerContext
@@ -74,14 +75,12 @@ class SkanEndpoint(QueuedEndpoint):
         for frames in inp.take():
             for frame in frames:
                 try:
-                    rejected = handle(frame)
+                    handle(frame)
                 except MalformedError as exc:
                     self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
                     return False
-                if rejected is not None:
-                    self.router.counters.protocol_error(
-                        self.protocol,
-                        ErrorKind.NOT_AUTHORISED if rejected.denied else rejected.label)
+                except Refused as rejected:
+                    self.router.counters.protocol_error(self.protocol, rejected.kind)
                     self.enqueue(encode_frame(rejected.error_message()))
                     if rejected.close:
                         self.closing = CloseReason.PROTOCOL_ERROR
