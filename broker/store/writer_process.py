@@ -224,12 +224,17 @@ class ProcessStore(Store):
     # ---- hand-over (writer's lock held) --------------------------------------------
 
     def _commit_queued(self) -> None:
-        """Hand everything queued to the child, in hand-overs of at most ``txn_bytes`` of
+        """Hand what is queued now to the child, in hand-overs of at most ``txn_bytes`` of
         frames (one transaction each there: the memory a burst takes on both sides of
         the pipe stays bounded by it), each answered once committed."""
-        self._hand_over(self._take() if self._ops else [])
-        while self._ops:
-            self._hand_over(self._take())
+        left = len(self._ops)  # what the routing thread adds meanwhile waits (writer.py)
+        taken = self._take(left)
+        self._hand_over(taken)
+        left -= len(taken)
+        while left > 0:
+            taken = self._take(left)
+            self._hand_over(taken)
+            left -= len(taken)
 
     def _hand_over(self, taken: list) -> None:
         carried = self._carry.take([], [], {})
