@@ -285,12 +285,11 @@ class StoreSection:
     dir: str = ""
     # Seconds the writer gathers routed messages into one transaction: bounds
     # what a power loss or SIGKILL can take and how late persisted
-    # notifications come.  50 ms: a commit costs about 0.85 ms of CPU
-    # whatever it holds (its WAL pages and fsync), so at 10 ms the store
-    # cost 9 us of CPU per message at 10,000 msgs/s and at 50 ms about 2
-    # (docs/store.md, "Choosing flush_interval"); the field flushes less
-    # often still (NATS JetStream fsyncs every 2 minutes by default).
-    flush_interval: float = attrs.field(default=0.05, validator=_positive)
+    # notifications come.  10 ms: a commit costs about 0.85 ms of CPU
+    # whatever it holds, so 50 ms saved about 7 us of CPU per message at
+    # 10,000 msgs/s, but its larger commits doubled the isolated-message
+    # p99 through real brokers (docs/store.md, "Choosing flush_interval").
+    flush_interval: float = attrs.field(default=0.01, validator=_positive)
     # Frame bytes each HSP/Eventer bridge keeps spooled (0: no byte bound);
     # beyond it the oldest spooled messages go first, as NATS JetStream's
     # default discard policy does.  64 MiB: the buffer mirrors the spool, so

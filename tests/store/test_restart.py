@@ -29,7 +29,7 @@ from tests.protocols.hsp.test_bridge import PeerServer, bridge_config, free_port
 pytestmark = [pytest.mark.trio]
 
 # Long enough for the writer to commit what was routed (flush_interval is
-# 50 ms by default) on a busy test machine.
+# 10 ms by default) on a busy test machine.
 SETTLE = 0.5
 SIGNALS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="sigkill")]
 
