@@ -34,15 +34,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="messages per routing batch")
     args = p.parse_args()
 
-    from broker.core.router import NORMAL, Endpoint, Router
+    from bench.writer_interference import isolated_publishers
+    from broker.core.router import Router
     from broker.store import Store
-    from wire.skan import decode_header, encode_frame
-
-    class Sink(Endpoint):
-        protocol = "skan"
-
-        def deliver(self, frame: bytes, routed: object) -> None:
-            pass
 
     work = tempfile.mkdtemp(prefix="skan-row-cost-")
     try:
@@ -50,17 +44,7 @@ def main() -> None:
         store = Store(os.path.join(work, "store"), size=10_000_000, max_bytes=0, max_age=0.0,
                       flush_interval=0.01)
         store.attach(router)
-        pubs = [Sink() for _ in range(10)]
-        sub = Sink()
-        for pub in pubs:
-            router.attach(pub)
-        router.attach(sub)
-        router.subscribe(sub, b"g", b"*", NORMAL)
-        frames = []
-        for pub in pubs:
-            frame = encode_frame({"type": "send", "from": pub.lname, "to": "*", "group": "g",
-                                  "instance": "*", "seq": "1", "msg": b"x" * 100})
-            frames.append((pub, frame, decode_header(frame, 4)))
+        frames = isolated_publishers(router)
 
         def thread_cpu() -> tuple[float, float]:
             r = resource.getrusage(resource.RUSAGE_THREAD)

@@ -35,15 +35,31 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("none", "store", "store-process", "log", "store+log")
 
 
-def child(variant: str, rate: int, seconds: float, nice: int) -> dict:
-    from broker.core.router import NORMAL, Endpoint, Router
+def isolated_publishers(router: object, publishers: int = 10) -> list[tuple]:
+    """Ten publishers and one subscriber of group g on ``router``; per publisher its
+    (endpoint, frame, header) of a 100-byte send (bench/store_row_cost.py uses it too)."""
+    from broker.core.router import NORMAL, Endpoint
     from wire.skan import decode_header, encode_frame
 
     class Sink(Endpoint):
         protocol = "skan"
 
-        def deliver(self, frame, routed):
+        def deliver(self, frame: bytes, routed: object) -> None:
             pass
+
+    pubs = [Sink() for _ in range(publishers)]
+    sub = Sink()
+    for p in pubs:
+        router.attach(p)
+    router.attach(sub)
+    router.subscribe(sub, b"g", b"*", NORMAL)
+    frames = [(p, encode_frame({"type": "send", "from": p.lname, "to": "*", "group": "g",
+                                "instance": "*", "seq": "1", "msg": b"x" * 100})) for p in pubs]
+    return [(p, f, decode_header(f, 4)) for p, f in frames]
+
+
+def child(variant: str, rate: int, seconds: float, nice: int) -> dict:
+    from broker.core.router import Router
 
     work = tempfile.mkdtemp(prefix="skan-interference-")
     router = Router()
@@ -89,15 +105,7 @@ def child(variant: str, rate: int, seconds: float, nice: int) -> dict:
         def handoff() -> None:
             pass
 
-    pubs = [Sink() for _ in range(10)]
-    sub = Sink()
-    for p in pubs:
-        router.attach(p)
-    router.attach(sub)
-    router.subscribe(sub, b"g", b"*", NORMAL)
-    frames = [(p, encode_frame({"type": "send", "from": p.lname, "to": "*", "group": "g",
-                                "instance": "*", "seq": "1", "msg": b"x" * 100})) for p in pubs]
-    frames = [(p, f, decode_header(f, 4)) for p, f in frames]
+    frames = isolated_publishers(router)
     interval = 1.0 / rate
     late: list[float] = []
     cpu0 = time.process_time()
