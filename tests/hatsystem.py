@@ -16,14 +16,9 @@ import time
 from typing import Any
 
 from tests.peerenv import HAT_GATEWAY_PEER, HAT_SERVER_PEER, peer_python
+from tests.ports import listener_port as free_port
 
 PEERS = pathlib.Path(__file__).resolve().parent / "peers"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port: int, proc: subprocess.Popen, timeout: float, log: pathlib.Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 
 import pytest
@@ -14,6 +13,7 @@ from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER
+from tests.ports import listener_port as free_port
 from toolkit.eventer_client import EventerClient
 from wire.eventer import Status
 
@@ -76,10 +76,6 @@ async def test_bridge_both_directions_without_echo():
                 assert len(reg["events"]) == 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_bridge_buffers_while_down_and_reconnects():

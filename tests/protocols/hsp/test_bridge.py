@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import ssl
 from collections.abc import Callable
 
@@ -14,16 +13,13 @@ from clients.hsp import HSPError, HSPPeer, serve_hsp
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape
+from tests.ports import listener_port as free_port
 from wire.hsp import DataAck
 from wire.skan import decode
 
 pytestmark = pytest.mark.trio
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bridge_config(port: int, *, group: str = "bridged", instance: str = "*", type: int = 42,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 
 import pytest
@@ -18,6 +17,7 @@ import trio
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.peerenv import HSP_PEER, peer_python
+from tests.ports import listener_port as free_port
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 
@@ -48,10 +48,6 @@ class LineReader:
         return json.loads(line)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_hsp_lib_client_against_the_listener(hsp_python):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 
 import pytest
 import trio
@@ -15,6 +14,7 @@ from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape, value
 from tests.peerenv import HAT08_PEER
 from tests.peerproc import PeerProcess
+from tests.ports import listener_port as free_port
 
 pytestmark = pytest.mark.trio
 
@@ -149,10 +149,6 @@ async def test_bridge_custom_subscriptions_and_keys_no_tag_can_hold():
 # ---- broker to broker ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def until_bridged(pub: SkanClient, sub: SkanClient, text: str, timeout: float = 15) -> None:
