@@ -301,6 +301,55 @@ def _direct_sender(router: Router, sock: trio.socket.SocketType, queue: OutQueue
     return wakeup
 
 
+class Receiver:
+    """``receive_some`` for one connection's reader, without the doomed read.
+
+    trio's ``receive_some`` tries the socket first and waits for readiness
+    only when that fails.  After a read that came back short, the kernel's
+    buffer was empty, so that first try is almost always a failed
+    ``recvfrom`` (EAGAIN, a raised BlockingIOError) and the successful read
+    that follows costs one more pass through trio's scheduler.  With
+    independent publishers, one message per write, that is every message:
+    two reads, two scheduler passes.  On a plain TCP socket a Receiver
+    therefore waits for readiness first when the previous read was short
+    (level-triggered: data that came in meanwhile answers at once) and then
+    reads once.  A full read (a flood) goes through ``receive_some``, whose
+    first try then usually succeeds.  TLS streams always use
+    ``receive_some``.
+    """
+
+    __slots__ = ("stream", "fd_of", "short")
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self.fd_of = sock.fileno if sock is not None else None
+        self.short = False
+
+    async def receive(self, size: int) -> bytes:
+        """Up to ``size`` bytes; b"" at EOF.  Raises trio.BrokenResourceError
+        (reset) or trio.ClosedResourceError (closed by another task), as
+        ``receive_some`` does."""
+        fd_of = self.fd_of
+        if fd_of is None or not self.short:
+            data = await self.stream.receive_some(size)
+        else:
+            while True:
+                fd = fd_of()
+                if fd < 0:
+                    raise trio.ClosedResourceError("the socket was closed")
+                await trio.lowlevel.wait_readable(fd)
+                try:
+                    data = os.read(fd, size)
+                    break
+                except BlockingIOError:  # a spurious wake-up: wait again
+                    continue
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+        self.short = len(data) < size
+        return data
+
+
 async def _endpoint_writer(
     stream: trio.abc.SendStream, ep: QueuedEndpoint, done: trio.Event
 ) -> None:
@@ -381,6 +430,7 @@ async def run_connection(
     )
     frame_started: float | None = None
     on_bytes = ep.on_bytes
+    receive = Receiver(stream).receive
 
     def kill(reason: str) -> None:
         # Called synchronously from routing (slow consumer) or the pinger.
@@ -464,10 +514,10 @@ async def run_connection(
                             if deadline == INF:
                                 # The common case once open: no timeout, so no
                                 # cancel scope per read (it costs a few µs each).
-                                data = await stream.receive_some(RECV_SIZE)
+                                data = await receive(RECV_SIZE)
                             else:
                                 with trio.move_on_at(deadline):
-                                    data = await stream.receive_some(RECV_SIZE)
+                                    data = await receive(RECV_SIZE)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
                             ep.closing = CloseReason.RESET
                             break
