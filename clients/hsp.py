@@ -34,24 +34,7 @@ import trio
 
 from clients.skan import SkanClient
 from toolkit.streams import AnswersHTTP, Dialling, ReceiveIterator
-from wire.hsp import (
-    DATA_ACK,
-    DEFAULT_MAX_PAYLOAD,
-    SKAN_TYPE,
-    TOO_LARGE,
-    Ack,
-    Data,
-    DataAck,
-    Error,
-    ErrorUndef,
-    Event,
-    HSPConnection,
-    Oversized,
-    Ping,
-    Pong,
-    ProtocolError,
-    data_prefix,
-)
+from wire import hsp
 from wire.skan import FrameSplitter, encode
 
 DEFAULT_PORT = 9913
@@ -71,7 +54,7 @@ class HSPClosed(Exception):
     """The connection ended before the answer arrived."""
 
 
-Received = Data | DataAck
+Received = hsp.Data | hsp.DataAck
 
 
 class HSPPeer(ReceiveIterator):
@@ -89,7 +72,7 @@ class HSPPeer(ReceiveIterator):
         self,
         stream: trio.abc.Stream,
         *,
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        max_payload: int = hsp.DEFAULT_MAX_PAYLOAD,
         auto_ack: bool = True,
         inbox: int = 10_000,
         target: str = "the peer",
@@ -97,7 +80,7 @@ class HSPPeer(ReceiveIterator):
         self.stream = stream
         # Who the peer is, in HSPClosed's reasons.
         self.target = target
-        self.conn = HSPConnection(max_payload)
+        self.conn = hsp.HSPConnection(max_payload)
         # Nothing received yet (an HTTP answer is recognised on the first bytes).
         self._first = True
         self.auto_ack = auto_ack
@@ -112,16 +95,16 @@ class HSPPeer(ReceiveIterator):
         self.oversized_dropped = 0
         self.closed = False
         # Why the peer's input was refused (it broke HSP), if it was.
-        self.failure: ProtocolError | None = None
+        self.failure: hsp.ProtocolError | None = None
 
     # ---- sending ------------------------------------------------------------
 
-    async def _write(self, event: Event) -> None:
+    async def _write(self, event: hsp.Event) -> None:
         data = self.conn.send(event)
         async with self._send_lock:
             await self.stream.send_all(data)
 
-    async def _request(self, event: Event, waiter: Any) -> None:
+    async def _request(self, event: hsp.Event, waiter: Any) -> None:
         """Send a command that expects an answer; HSPClosed if the connection is gone."""
         if self.closed:
             raise HSPClosed(f"the connection to {self.target} is closed")
@@ -137,7 +120,7 @@ class HSPPeer(ReceiveIterator):
 
     async def send(self, type: int, payload: bytes) -> None:
         """DATA: fire and forget."""
-        await self._write(Data.make(type, payload))
+        await self._write(hsp.Data.make(type, payload))
 
     async def send_ack(self, type: int, payload: bytes, *, timeout: float | None = None) -> None:
         """DATA_ACK, then wait for ACK; raises :class:`HSPError` on ERROR/ERROR_UNDEF."""
@@ -145,7 +128,7 @@ class HSPPeer(ReceiveIterator):
         send, recv = trio.open_memory_channel[HSPError | None](1)
         self._waiters[mid] = send
         try:
-            await self._request(DataAck.make(mid, type, payload), send)
+            await self._request(hsp.DataAck.make(mid, type, payload), send)
             with trio.fail_after(timeout) if timeout else contextlib.nullcontext():
                 try:
                     result = await recv.receive()
@@ -162,7 +145,7 @@ class HSPPeer(ReceiveIterator):
         waiter = [trio.Event(), False]
         self._pings.append(waiter)
         start = trio.current_time()
-        await self._request(Ping(), waiter)
+        await self._request(hsp.Ping(), waiter)
         with trio.fail_after(timeout) if timeout else contextlib.nullcontext():
             await waiter[0].wait()
         if not waiter[1]:
@@ -170,14 +153,14 @@ class HSPPeer(ReceiveIterator):
         return trio.current_time() - start
 
     async def ack(self, message_id: int) -> None:
-        await self._write(Ack(message_id))
+        await self._write(hsp.Ack(message_id))
 
     async def error(self, message_id: int, code: int | None = None, reason: str = "") -> None:
         """ERROR with ``code`` and a UTF-8 reason, or ERROR_UNDEF when ``code`` is None."""
         if code is None:
-            await self._write(ErrorUndef(message_id))
+            await self._write(hsp.ErrorUndef(message_id))
         else:
-            await self._write(Error(message_id, code, reason.encode()))
+            await self._write(hsp.Error(message_id, code, reason.encode()))
 
     # ---- receiving ----------------------------------------------------------
 
@@ -193,7 +176,7 @@ class HSPPeer(ReceiveIterator):
         first, self._first = self._first, False
         try:
             events = self.conn.receive_data(chunk)
-        except ProtocolError as exc:
+        except hsp.ProtocolError as exc:
             self._close()
             if first and chunk.startswith(b"HTTP/"):
                 raise AnswersHTTP("HSP", DEFAULT_PORT) from exc
@@ -201,28 +184,28 @@ class HSPPeer(ReceiveIterator):
         out: list[Received] = []
         for ev in events:
             t = type(ev)
-            if t is Data:
+            if t is hsp.Data:
                 out.append(ev)
-            elif t is DataAck:
+            elif t is hsp.DataAck:
                 out.append(ev)
                 if self.auto_ack:
-                    await self._write(Ack(ev.message_id))
-            elif t is Ack:
+                    await self._write(hsp.Ack(ev.message_id))
+            elif t is hsp.Ack:
                 self._resolve(ev.message_id, None)
-            elif t is Error:
+            elif t is hsp.Error:
                 self._resolve(ev.message_id, HSPError(ev.type, ev.payload))
-            elif t is ErrorUndef:
+            elif t is hsp.ErrorUndef:
                 self._resolve(ev.message_id, HSPError(None))
-            elif t is Ping:
-                await self._write(Pong())
-            elif t is Pong:
+            elif t is hsp.Ping:
+                await self._write(hsp.Pong())
+            elif t is hsp.Pong:
                 if self._pings:
                     waiter = self._pings.popleft()
                     waiter[1] = True
                     waiter[0].set()
-            elif t is Oversized:
-                if ev.command == DATA_ACK:
-                    await self._write(Error(ev.message_id, TOO_LARGE,
+            elif t is hsp.Oversized:
+                if ev.command == hsp.DATA_ACK:
+                    await self._write(hsp.Error(ev.message_id, hsp.TOO_LARGE,
                                             f"payload of {ev.length} bytes is too large".encode()))
                 elif ev.message_id is not None:
                     self._resolve(ev.message_id, HSPError(ev.type, b"(oversized error payload)"))
@@ -255,7 +238,7 @@ class HSPPeer(ReceiveIterator):
             while True:
                 try:
                     items = await self.read_data()
-                except ProtocolError as exc:
+                except hsp.ProtocolError as exc:
                     self.failure = exc
                     return
                 if items is None:
@@ -302,7 +285,7 @@ async def serve_hsp(
     host: str = "127.0.0.1",
     *,
     auto_ack: bool = True,
-    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    max_payload: int = hsp.DEFAULT_MAX_PAYLOAD,
     ssl_context: ssl.SSLContext | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -335,11 +318,11 @@ class SkanFramesOverHSP(trio.abc.Stream):
     again.  PINGs are answered while reading; other Types are ignored.
     """
 
-    def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_PAYLOAD) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_frame: int = hsp.DEFAULT_MAX_PAYLOAD) -> None:
         self.peer = HSPPeer(stream, max_payload=max_frame)
         self._out_splitter = FrameSplitter(max_frame)
         self._rx = bytearray()
-        self._prefix = data_prefix(SKAN_TYPE)
+        self._prefix = hsp.data_prefix(hsp.SKAN_TYPE)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         frames = self._out_splitter.receive_data(bytes(data))
@@ -356,7 +339,7 @@ class SkanFramesOverHSP(trio.abc.Stream):
             if items is None:
                 return b""
             for item in items:
-                if item.type == SKAN_TYPE:
+                if item.type == hsp.SKAN_TYPE:
                     self._rx += item.framed
         n = len(self._rx) if max_bytes is None else min(max_bytes, len(self._rx))
         data = bytes(self._rx[:n])
@@ -395,7 +378,7 @@ class SkanOverHSP(SkanClient):
 
     async def send_acked(self, message: dict[str, Any], *, timeout: float | None = None) -> None:
         """Send one Skan message as DATA_ACK Type 1 and wait for the broker's ACK."""
-        await self.hsp_stream.peer.send_ack(SKAN_TYPE, encode(message), timeout=timeout)
+        await self.hsp_stream.peer.send_ack(hsp.SKAN_TYPE, encode(message), timeout=timeout)
 
 
 __all__ = [
