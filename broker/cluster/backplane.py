@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
+import attrs
+
 from broker.cluster import claims, inbound, interest, subjects
 from broker.cluster import subject_runs as runs
 from broker.cluster.subject_runs import (
@@ -68,6 +70,7 @@ from broker.core.enforcement import set_permissions
 from broker.core.eventtypes import STAR, pattern_group
 from broker.core.refusals import NotPermitted
 from broker.core.router import Endpoint, Routed, Router
+from broker.core.tally import COUNTER, Family, counter
 from wire import nats
 from wire.errors import LimitError, ProtocolError
 from wire.skan import decode_header
@@ -92,6 +95,55 @@ DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 _HEADER_OF = attrgetter("header")
 _GROUP = itemgetter(b"group")
 _TO = itemgetter(b"to")
+
+
+# Routed messages published to and received from NATS: one family, two series.
+MESSAGES = Family(COUNTER, "skan_backplane_messages",
+                  "Routed messages published to (out) and received from (in) the NATS "
+                  "backplane.", labels=("direction",))
+
+
+@attrs.define
+class BackplaneStats:
+    """The backplane's counters (``stats`` and, as declared, the metrics)."""
+
+    sent: int = MESSAGES.field("out")
+    received: int = MESSAGES.field("in")
+    drops: int = counter(
+        "skan_backplane_drops",
+        "Messages not published to the backplane (NATS down or its queue full).")
+    duplicates: int = counter(
+        "skan_backplane_duplicates",
+        "Second copies of a message from the backplane, dropped (overlapping NATS "
+        "subscriptions, reconnects).")
+    # Messages not published: no other broker wanted them.
+    withheld: int = counter(
+        "skan_backplane_withheld",
+        "Messages not published because no other broker of the cluster wants them "
+        "(announced interest).")
+    malformed: int = counter(
+        "skan_backplane_malformed",
+        "Messages from the backplane that could not be decoded, dropped.")
+    # Section 8, "What a broker believes from NATS".  Messages that spoke for
+    # another broker than the one that published them (subject, origin and
+    # frames' from disagree).
+    forged: int = counter(
+        "skan_backplane_forged",
+        "Messages from the backplane that spoke for another broker than the one whose "
+        "subject they came on (origin or a frame's from), refused.")
+    # Messages the claimed user may not send here (section 7 on this broker).
+    refused: int = counter(
+        "skan_backplane_refused",
+        "Messages from the backplane that the user they claim may not send on this broker "
+        "(its [[users]]), refused.")
+    # Runs holding a frame over max_frame (also in malformed).
+    oversized_in: int = counter(
+        "skan_backplane_oversized_in",
+        "Runs from the backplane holding a frame over max_frame, refused.")
+    # Messages too large for NATS's max_payload (counted in drops too).
+    oversized: int = 0
+    # Hellos not answered at once (HELLO_INTERVAL; the next heartbeat's full set does).
+    hellos_deferred: int = 0
 
 
 class RemoteSender(Endpoint):
@@ -125,25 +177,10 @@ class Backplane(Endpoint):
         self._next_sid = 0
         # origin server id -> its last runs' (session, first, count) (DEDUPE_WINDOW)
         self._recent: dict[int, dict[tuple[int, int, int], None]] = {}
-        self.sent = 0
-        self.drops = 0
-        self.received = 0
-        self.duplicates = 0
-        self.malformed = 0
-        # Messages that spoke for another broker than the one that published
-        # them (subject, origin and frames' from disagree).
-        self.forged = 0
-        # Messages the claimed user may not send here (section 7 on this broker).
-        self.refused = 0
-        # Runs holding a frame over max_frame (also in malformed).
-        self.oversized_in = 0
-        # Hellos not answered at once (HELLO_INTERVAL; the next heartbeat's full set does).
-        self.hellos_deferred = 0
+        self.stats = BackplaneStats()
         self._last_hello = -HELLO_INTERVAL
         self.max_frame = router.max_frame or DEFAULT_MAX_FRAME
         self._auth = router.enforcer.auth
-        # Messages too large for NATS's max_payload (counted in drops too).
-        self.oversized = 0
         # NATS's max_payload (its INFO; the service sets it per connection).
         self.max_payload = nats.DEFAULT_MAX_PAYLOAD
         self.on_malformed: Callable[[str], None] | None = None
@@ -151,8 +188,6 @@ class Backplane(Endpoint):
         # (group, instance, to) -> (subject, directed to another broker's lname)
         self._subjects: dict[tuple[bytes, bytes, bytes], tuple[bytes, bool]] = {}
         self._in_runs = 0  # messages the last observe() put in runs
-        # Messages not published: no other broker wanted them.
-        self.withheld = 0
         # Local interest announced to the other brokers: NATS subject -> group
         # (None: everything), for the subjects of _subs that carry interest.
         self._interest: dict[bytes, bytes | None] = {}
@@ -181,7 +216,7 @@ class Backplane(Endpoint):
             # one subject; withheld, or one run when consecutive.
             subject, away = self._subject(found[:3])
             if wanted is not None and not away and found[0] not in wanted:
-                self.withheld += len(batch)
+                self.stats.withheld += len(batch)
                 return
             if not (found[3] and self._one_run(batch, subject, parts)):
                 self._runs(batch, parts, wanted)
@@ -192,9 +227,9 @@ class Backplane(Endpoint):
         if parts:
             sent = self._in_runs
             if self.send(b"".join(parts)):
-                self.sent += sent
+                self.stats.sent += sent
             else:
-                self.drops += sent
+                self.stats.drops += sent
 
     def _unwanted(self, batch: list[Routed], wanted: set[bytes]) -> bool:
         """A local batch of several subjects, in C-level calls and no allocation
@@ -205,7 +240,7 @@ class Backplane(Endpoint):
         group, n = groups[0], len(groups)
         if group in wanted or groups.count(group) != n or list(map(_TO, headers)).count(STAR) != n:
             return False
-        self.withheld += n
+        self.stats.withheld += n
         return True
 
     def _one_run(self, batch: list[Routed], subject: bytes, parts: list[bytes]) -> bool:
@@ -256,8 +291,8 @@ class Backplane(Endpoint):
             frame = routed.frame
             n = len(frame) + STAMP
             if n > largest:
-                self.drops += 1  # NATS would refuse it and close the connection
-                self.oversized += 1
+                self.stats.drops += 1  # NATS would refuse it and close the connection
+                self.stats.oversized += 1
                 continue
             if (subj != subject or routed.instance != nxt or routed.session != session
                     or routed.server != server or routed.sender is not sender
@@ -284,7 +319,7 @@ class Backplane(Endpoint):
                                 claims.claim(sender.principal))
             sent += len(frames)
         self._in_runs = sent
-        self.withheld += withheld
+        self.stats.withheld += withheld
 
     def _subject(self, key: tuple[bytes, bytes, bytes]) -> tuple[bytes, bool]:
         """The subject of (group, instance, to), and whether it is directed to an
@@ -385,7 +420,7 @@ class Backplane(Endpoint):
                 self._last_hello = now
                 self.announce()
             else:
-                self.hellos_deferred += 1
+                self.stats.hellos_deferred += 1
 
     def interest_lost(self, subject: bytes, now: float) -> None:
         """An interest message dropped unread (the backlog was full): its
@@ -417,7 +452,7 @@ class Backplane(Endpoint):
         try:
             server, session, first, stamps, frames, claim = unpack_run(msg, self.max_frame)
         except LimitError as exc:
-            self.oversized_in += 1
+            self.stats.oversized_in += 1
             self.count_malformed(f"{subject.decode(errors='replace')}: {exc}")
             return
         except ProtocolError as exc:
@@ -437,7 +472,7 @@ class Backplane(Endpoint):
             recent = self._recent[server] = {}
         seen = (session, first, len(frames))
         if seen in recent:
-            self.duplicates += len(frames)
+            self.stats.duplicates += len(frames)
             return
         recent[seen] = None
         if len(recent) > DEDUPE_WINDOW:
@@ -455,9 +490,9 @@ class Backplane(Endpoint):
                 self.router.route_run(self._sender(lname, claim), frames, headers, key,
                                       (server, session, first), stamps)
             except NotPermitted:
-                self.refused += len(frames)
+                self.stats.refused += len(frames)
                 return
-            self.received += len(frames)
+            self.stats.received += len(frames)
         else:
             self.route_frames(subject, server, session, first, stamps, frames, claim)
 
@@ -492,10 +527,10 @@ class Backplane(Endpoint):
                       origin=(server, session, first + i, stamps[i]),
                       key=(group, instance, to, b"repl" in header or b"reply" in header))
             except NotPermitted:
-                self.refused += 1
+                self.stats.refused += 1
                 continue
             routed += 1
-        self.received += routed
+        self.stats.received += routed
 
     def _sender(self, lname: bytes, claim: bytes = claims.FULL) -> RemoteSender:
         """The sender of messages from the remote client ``lname`` whose user
@@ -512,7 +547,7 @@ class Backplane(Endpoint):
 
     def count_forged(self, reason: str) -> None:
         """Count a message that spoke for another broker than its publisher."""
-        self.forged += 1
+        self.stats.forged += 1
         if self.on_malformed is not None:
             self.on_malformed("forged: " + reason)
 
@@ -528,7 +563,7 @@ class Backplane(Endpoint):
 
     def count_malformed(self, reason: str) -> None:
         """Count a message from NATS that could not be used, and report it."""
-        self.malformed += 1
+        self.stats.malformed += 1
         if self.on_malformed is not None:
             self.on_malformed(reason)
 

@@ -23,6 +23,7 @@ from broker.cluster.backplane import Backplane
 from broker.cluster.peers import Peers, new_boot
 from broker.core.auth import Authenticator, Principal
 from broker.core.queue import OutQueue
+from broker.core.tally import counter
 from wire import nats
 from wire.errors import MalformedError, ProtocolError
 
@@ -77,7 +78,9 @@ class ClusterLink:
     queries: int = 0
     query_timeouts: int = 0
     # Queries from other brokers whose user claim this broker grants nothing.
-    queries_refused: int = 0
+    queries_refused: int = counter(
+        "skan_cluster_queries_refused",
+        "Queries from other brokers for a user this broker grants nothing (answered empty).")
     pings: int = 0
     _last_ping: float = -PING_INTERVAL
     # This broker's users (the answering side's permissions); set by the service.
@@ -279,6 +282,7 @@ class ClusterLink:
     def stats(self) -> dict[str, Any]:
         """The ``cluster`` HASH of the Skan ``stats`` reply."""
         bp, status = self.backplane, self.status
+        counts = bp.stats
         # The backplane counts when the router hands a batch over: a stats
         # request must count what its own batch routed before it.
         bp.router.hand_over()
@@ -290,19 +294,19 @@ class ClusterLink:
             "connects": status.connects,
             "brokers_seen": len(brokers),
             "brokers": [b"%d" % b for b in brokers],
-            "backplane_out": bp.sent,
-            "backplane_in": bp.received,
-            "backplane_drops": bp.drops,
-            "backplane_withheld": bp.withheld,
+            "backplane_out": counts.sent,
+            "backplane_in": counts.received,
+            "backplane_drops": counts.drops,
+            "backplane_withheld": counts.withheld,
             "interest": bp.remote.state,
-            "duplicates": bp.duplicates,
-            "malformed": bp.malformed,
-            "forged": bp.forged,
-            "refused": bp.refused,
-            "oversized_in": bp.oversized_in,
+            "duplicates": counts.duplicates,
+            "malformed": counts.malformed,
+            "forged": counts.forged,
+            "refused": counts.refused,
+            "oversized_in": counts.oversized_in,
             "peers_refused": status.peers.refused,
             "interest_refused": bp.remote.refused,
-            "hellos_deferred": bp.hellos_deferred,
+            "hellos_deferred": counts.hellos_deferred,
             "queries_refused": self.queries_refused,
         }
 

@@ -25,6 +25,7 @@ import secrets
 import attrs
 
 from broker.cluster.interest import MAX_PEERS
+from broker.core.tally import counter
 from wire.errors import MalformedError
 
 # Bytes of a heartbeat or ping answer at most (it is about 50).
@@ -81,7 +82,8 @@ class Peers:
     # new ping; at most max_peers entries).
     proven: dict[int, str] = attrs.Factory(dict)
     # Heartbeats refused: over max_peers.
-    refused: int = 0
+    refused: int = counter("skan_cluster_peers_refused",
+                           "Heartbeats of brokers beyond the bound on peers, ignored.")
 
     def heard(self, server: int, boot: str, now: float, expire: float) -> str:
         """A heartbeat of ``server`` (already checked against its subject)."""

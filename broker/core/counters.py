@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from broker.core.tally import counter
+
 
 @attrs.define
 class Counters:
@@ -13,9 +15,11 @@ class Counters:
     bytes_in: int = 0
     msgs_out: int = 0
     bytes_out: int = 0
-    undeliverable: int = 0
+    undeliverable: int = counter("skan_messages_undeliverable", "Messages routed to no recipient.")
     dropped: int = 0
-    slow_consumer_disconnects: int = 0
+    slow_consumer_disconnects: int = counter(
+        "skan_slow_consumer_disconnects",
+        "Connections closed because their outgoing queue was full (slow_consumer = disconnect).")
     protocol_errors: int = 0
     # Subscribes refused by max_subscriptions (also counted as protocol errors
     # by the adapter that answered them).
@@ -31,7 +35,10 @@ class Counters:
     # "protocol:reason" -> connections refused at accept (max_connections).
     refused: dict[str, int] = attrs.Factory(dict)
     # accept() calls that failed for lack of descriptors or memory (EMFILE, ...).
-    accept_errors: int = 0
+    accept_errors: int = counter(
+        "skan_accept_errors",
+        "accept() calls that failed for lack of descriptors or memory (EMFILE, ENFILE, ...); "
+        "the listener retries.")
     # Section 7: protocol -> refused credentials; "protocol:action" -> refusals.
     auth_failures: dict[str, int] = attrs.Factory(dict)
     permission_denied: dict[str, int] = attrs.Factory(dict)

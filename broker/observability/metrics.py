@@ -15,7 +15,7 @@ and error reasons the code chooses, configured bridge names) except the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -29,9 +29,13 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from broker.cluster.backplane import BackplaneStats
+from broker.cluster.link import ClusterLink
+from broker.cluster.peers import Peers
 from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import LISTENER_PROTOCOLS, CloseReason, ErrorKind, RefusalReason
 from broker.core.router import Router
+from broker.core.tally import COUNTER, described
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
 from broker.serving.bridge_runner import BridgeStatus, BufferedBridgeEndpoint
@@ -165,9 +169,6 @@ class BrokerCollector(Collector):
         yield accepted
         yield _by_key("skan_connections_closed", "Connections closed, by reason.", "reason",
                       self.closed_keys, c.closed)
-        yield _counter("skan_slow_consumer_disconnects",
-                       "Connections closed because their outgoing queue was full "
-                       "(slow_consumer = disconnect).", c.slow_consumer_disconnects)
         errors = _by_key("skan_protocol_errors", "Protocol errors (malformed or refused input).",
                          "reason", self.error_keys, c.errors)
         labelled = sum(sample.value for sample in errors.samples)
@@ -178,9 +179,8 @@ class BrokerCollector(Collector):
                       "Connections refused at accept because max_connections "
                       "(broker-wide or the listener's) was reached.", "reason",
                       self.refused_keys, c.refused)
-        yield _counter("skan_accept_errors",
-                       "accept() calls that failed for lack of descriptors or memory "
-                       "(EMFILE, ENFILE, ...); the listener retries.", c.accept_errors)
+        # The plain ints of Counters declared with their metric (broker/core/tally.py).
+        yield from _declared([(c, ())])
 
     def _security(self, router: Router) -> Iterator[Metric]:
         """Section 7: refused credentials and refused sends/subscriptions."""
@@ -221,8 +221,6 @@ class BrokerCollector(Collector):
             for key, family in families.items():
                 family.add_metric([proto], v[key])
         yield from families.values()
-        yield _counter("skan_messages_undeliverable", "Messages routed to no recipient.",
-                       c.undeliverable)
         dropped = CounterMetricFamily("skan_messages_dropped", "Messages dropped, by reason.",
                                       labels=["protocol", "reason"])
         for proto, v in per.items():
@@ -295,21 +293,6 @@ class BrokerCollector(Collector):
         labels = ["bridge", "protocol"]
         up = GaugeMetricFamily("skan_bridge_up", "1 while the bridge is connected to its peer.",
                                labels=[*labels, "address"])
-        families = {
-            "connects": CounterMetricFamily("skan_bridge_connects",
-                                            "Successful bridge connections.", labels=labels),
-            "reconnects": CounterMetricFamily("skan_bridge_reconnects",
-                                              "Reconnection attempts after a bridge went down.",
-                                              labels=labels),
-            "overflow": CounterMetricFamily("skan_bridge_overflow_messages",
-                                            "Messages dropped from a full bridge buffer.",
-                                            labels=labels),
-            "sent": CounterMetricFamily("skan_bridge_sent_messages",
-                                        "Messages a bridge sent to its peer.", labels=labels),
-            "received": CounterMetricFamily("skan_bridge_received_messages",
-                                            "Messages a bridge received from its peer.",
-                                            labels=labels),
-        }
         buffered = GaugeMetricFamily("skan_bridge_buffered_messages",
                                      "Messages waiting in a bridge's buffer for its peer.",
                                      labels=labels)
@@ -320,45 +303,23 @@ class BrokerCollector(Collector):
         for status in bridges:
             ids = [status.name, status.protocol]
             up.add_metric([*ids, status.address], 1 if status.up else 0)
-            for attr, family in families.items():
-                family.add_metric(ids, getattr(status, attr))
             buffered.add_metric(ids, pending.get(id(status), 0))
         yield up
-        yield from families.values()
+        yield from _declared(((s, (s.name, s.protocol)) for s in bridges), labels)
         yield buffered
 
     def _routelog(self, log: RoutingLog | None) -> Iterator[Metric]:
         if log is None:
             return
-        yield _counter("skan_routelog_records",
-                       "Routing-log records taken by the writer into its files.", log.records)
-        yield _counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).",
-                       log.files)
+        yield from _declared([(log.stats, ())])
         yield _gauge("skan_routelog_queued_records",
                      "Routing-log records waiting for the writer.", log.queued)
         yield _gauge("skan_routelog_lag_seconds",
                      "Age of the oldest routing-log record the writer has not taken yet.",
                      log.lag_seconds)
-        yield _counter("skan_routelog_dropped_records",
-                       "Routing-log records dropped because [log] queue_records were waiting "
-                       "(when_full = \"drop\").", log.dropped)
         yield _counter("skan_routelog_backpressure_waits",
                        "Times routing waited for the routing-log writer (disk slower than "
                        "traffic).", log.backpressure_waits)
-        yield _counter("skan_routelog_backpressure_closes",
-                       "Times the routing log closed its admission gate (backlog over "
-                       "[log] queue_records).", log.backpressure_closes)
-        yield _counter("skan_routelog_errors",
-                       "Routing-log disk operations that failed and were retried.",
-                       log.errors)
-        yield _counter("skan_routelog_lost_records",
-                       "Routing-log records given up at stop because the disk kept failing.",
-                       log.lost)
-        yield _counter("skan_routelog_pruned_files",
-                       "Complete routing-log files removed by retention ([log] max_bytes, "
-                       "max_age), oldest first.", log.pruned_files)
-        yield _counter("skan_routelog_pruned_bytes",
-                       "Bytes of routing-log files removed by retention.", log.pruned_bytes)
         yield _gauge("skan_routelog_writer_failed",
                      "1 once the routing-log writer has stopped on an unexpected error.",
                      0 if log.failure is None else 1)
@@ -366,54 +327,19 @@ class BrokerCollector(Collector):
     def _cluster(self, ctx: BrokerContext) -> Iterator[Metric]:
         """The cluster view (section 8); every series exists, at 0, without a cluster."""
         link = ctx.cluster
-        up = seen = sent = received = drops = duplicates = withheld = malformed = 0
-        forged = refused = oversized = peers_refused = queries_refused = 0
+        up = seen = 0
+        # Without a cluster the classes stand in: their declared counters read 0.
+        counted: list[object] = [BackplaneStats, Peers, ClusterLink]
         if link is not None:
-            bp = link.backplane
             up = int(link.status.up)
             seen = len(link.brokers())
-            sent, received, drops, duplicates = bp.sent, bp.received, bp.drops, bp.duplicates
-            withheld, malformed = bp.withheld, bp.malformed
-            forged, refused, oversized = bp.forged, bp.refused, bp.oversized_in
-            peers_refused, queries_refused = link.status.peers.refused, link.queries_refused
+            counted = [link.backplane.stats, link.status.peers, link]
         yield _gauge("skan_cluster_up", "1 while the broker is connected to its NATS backplane.",
                      up)
         yield _gauge("skan_cluster_brokers_seen",
                      "Brokers of the cluster heard from within three heartbeats, this one "
                      "included (0 without a cluster).", seen)
-        messages = CounterMetricFamily("skan_backplane_messages",
-                                       "Routed messages published to (out) and received from "
-                                       "(in) the NATS backplane.", labels=["direction"])
-        messages.add_metric(["out"], sent)
-        messages.add_metric(["in"], received)
-        yield messages
-        yield _counter("skan_backplane_drops",
-                       "Messages not published to the backplane (NATS down or its queue full).",
-                       drops)
-        yield _counter("skan_backplane_duplicates",
-                       "Second copies of a message from the backplane, dropped (overlapping "
-                       "NATS subscriptions, reconnects).", duplicates)
-        yield _counter("skan_backplane_withheld",
-                       "Messages not published because no other broker of the cluster wants "
-                       "them (announced interest).", withheld)
-        yield _counter("skan_backplane_malformed",
-                       "Messages from the backplane that could not be decoded, dropped.",
-                       malformed)
-        # Section 8, "What a broker believes from NATS".
-        yield _counter("skan_backplane_forged",
-                       "Messages from the backplane that spoke for another broker than the one "
-                       "whose subject they came on (origin or a frame's from), refused.", forged)
-        yield _counter("skan_backplane_refused",
-                       "Messages from the backplane that the user they claim may not send on "
-                       "this broker (its [[users]]), refused.", refused)
-        yield _counter("skan_backplane_oversized_in",
-                       "Runs from the backplane holding a frame over max_frame, refused.",
-                       oversized)
-        yield _counter("skan_cluster_peers_refused",
-                       "Heartbeats of brokers beyond the bound on peers, ignored.", peers_refused)
-        yield _counter("skan_cluster_queries_refused",
-                       "Queries from other brokers for a user this broker grants nothing "
-                       "(answered empty).", queries_refused)
+        yield from _declared((obj, ()) for obj in counted)
 
 
 def _keys(protocols: Iterable[str], reasons: Iterable[str]) -> tuple[str, ...]:
@@ -427,6 +353,30 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _declared(sources: Iterable[tuple[object, Sequence[str]]],
+              labels: Sequence[str] = ()) -> Iterator[Metric]:
+    """The families of the counters declared with broker.core.tally in each
+    source (an object, or a class for zeros, with its values of ``labels``),
+    in the order first declared; fields feeding one series add up."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    series: dict[str, dict[tuple[str, ...], float]] = {}
+    for obj, ids in sources:
+        for sample in described(obj):
+            family = sample.family
+            if family.name not in families:
+                kind = CounterMetricFamily if family.kind == COUNTER else GaugeMetricFamily
+                families[family.name] = kind(family.name, family.doc,
+                                             labels=[*labels, *family.labels])
+                series[family.name] = {}
+            key = (*ids, *sample.labels)
+            values = series[family.name]
+            values[key] = values.get(key, 0) + sample.value
+    for name, metric in families.items():
+        for key, value in series[name].items():
+            metric.add_metric(list(key), value)
+        yield metric
 
 
 def _by_key(name: str, doc: str, label: str, known: Iterable[str],
@@ -455,29 +405,8 @@ def _store(retention: object) -> Iterator[Metric]:
     """The durable store's writer (broker/store): absent when the store is disabled."""
     if not isinstance(retention, Store):
         return
-    stats = retention.stats
     yield _gauge("skan_store_bytes", "Frame bytes of the retained messages on disk.",
                  retention.bytes)
     yield _gauge("skan_store_pending", "Operations queued for the store's writer thread.",
                  retention.pending())
-    yield _counter("skan_store_commits", "Store transactions committed.", stats.commits)
-    yield _counter("skan_store_written_messages", "Routed messages committed to the store.",
-                   stats.events_written)
-    yield _counter("skan_store_failed_commits",
-                   "Store transactions that failed (disk full, I/O error); routing went on.",
-                   stats.failed_commits)
-    yield _counter("skan_store_unpersisted_messages",
-                   "Routed messages never persisted: their commit failed or the writer was "
-                   "too far behind.", stats.failed_events + stats.overload)
-    yield _counter("skan_store_spool_dropped_messages",
-                   "Bridge messages pushed out of a spool by [store] spool_max_bytes "
-                   "(oldest first).", stats.spool_dropped)
-    yield _counter("skan_store_spool_retried_operations",
-                   "Bridge spool operations of a failed commit committed by a later one.",
-                   stats.spool_retried)
-    yield _counter("skan_store_spool_lost_operations",
-                   "Bridge spool operations of failed commits dropped by the retry bound.",
-                   stats.spool_lost)
-    yield _counter("skan_store_writer_deaths",
-                   "Store writer processes that ended unasked (each is replaced; its "
-                   "hand-over counted as a failed commit).", stats.writer_deaths)
+    yield from _declared([(retention.stats, ())])

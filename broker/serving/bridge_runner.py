@@ -24,6 +24,7 @@ from broker.core.inject import Injected, route_injected
 from broker.core.reasons import CloseReason
 from broker.core.refusals import FrameTooLarge, Refused
 from broker.core.router import NORMAL, Endpoint, Routed, Router
+from broker.core.tally import counter
 from broker.serving.config import BridgeSection
 from broker.serving.tls import client_ssl_context
 from broker.store.spool import BridgeSpool
@@ -34,16 +35,22 @@ log = logging.getLogger(__name__)
 
 @attrs.define(eq=False)
 class BridgeStatus:
+    """A bridge's state and counters; the metrics export each declared counter
+    with the labels ``bridge`` (name) and ``protocol``."""
+
     name: str
     protocol: str
     address: str
     up: bool = False
-    connects: int = 0
-    reconnects: int = 0
+    connects: int = counter("skan_bridge_connects", "Successful bridge connections.")
+    reconnects: int = counter("skan_bridge_reconnects",
+                              "Reconnection attempts after a bridge went down.")
     # Messages dropped because the bounded buffer was full (counted and logged).
-    overflow: int = 0
-    sent: int = 0
-    received: int = 0
+    overflow: int = counter("skan_bridge_overflow_messages",
+                            "Messages dropped from a full bridge buffer.")
+    sent: int = counter("skan_bridge_sent_messages", "Messages a bridge sent to its peer.")
+    received: int = counter("skan_bridge_received_messages",
+                            "Messages a bridge received from its peer.")
     last_error: str = ""
     # Set once a refusal by the bridge's user's permissions has been logged.
     denied_logged: bool = False

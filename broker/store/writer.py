@@ -38,6 +38,7 @@ import attrs
 
 from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.router import Routed, Router
+from broker.core.tally import COUNTER, Family, counter
 from broker.store.batch_rows import (
     MAX_RUN,
     MAX_RUN_BYTES,
@@ -102,29 +103,51 @@ def _src_us(header: dict) -> int | None:
     return None if src is None else _us(src)
 
 
+# Routed messages never persisted: the two ways (failed_events, overload)
+# feed one series.
+UNPERSISTED = Family(COUNTER, "skan_store_unpersisted_messages",
+                     "Routed messages never persisted: their commit failed or the writer was "
+                     "too far behind.")
+
+
 @attrs.define
 class StoreStats:
-    commits: int = 0
-    events_written: int = 0
+    """The writer's counters; those with a metric are exported as declared
+    (broker/core/tally.py)."""
+
+    commits: int = counter("skan_store_commits", "Store transactions committed.")
+    events_written: int = counter("skan_store_written_messages",
+                                  "Routed messages committed to the store.")
     bytes_written: int = 0
-    failed_commits: int = 0
-    failed_events: int = 0
-    overload: int = 0
+    failed_commits: int = counter(
+        "skan_store_failed_commits",
+        "Store transactions that failed (disk full, I/O error); routing went on.")
+    failed_events: int = UNPERSISTED.field()
+    overload: int = UNPERSISTED.field()
     evicted: int = 0
     last_error: str = ""
     # Bridge spool messages pushed out by [store] spool_max_bytes (oldest first).
-    spool_dropped: int = 0
+    spool_dropped: int = counter(
+        "skan_store_spool_dropped_messages",
+        "Bridge messages pushed out of a spool by [store] spool_max_bytes (oldest first).")
     # Spool/resume operations of failed commits committed by a later commit,
     # and those the carry's bounds dropped (broker/store/carry.py).
-    spool_retried: int = 0
-    spool_lost: int = 0
+    spool_retried: int = counter(
+        "skan_store_spool_retried_operations",
+        "Bridge spool operations of a failed commit committed by a later one.")
+    spool_lost: int = counter(
+        "skan_store_spool_lost_operations",
+        "Bridge spool operations of failed commits dropped by the retry bound.")
     # WAL checkpoints with truncation (the WAL passed its bound) and those a
     # reader's snapshot kept from completing (retried after the next commit).
     checkpoints: int = 0
     checkpoints_busy: int = 0
     # Writer processes that ended unasked ([store] writer = "process";
     # broker/store/writer_process.py): each is replaced.
-    writer_deaths: int = 0
+    writer_deaths: int = counter(
+        "skan_store_writer_deaths",
+        "Store writer processes that ended unasked (each is replaced; its hand-over "
+        "counted as a failed commit).")
 
 
 def default_dir(log_dir: str) -> str:

@@ -98,14 +98,14 @@ def test_one_pass_routes_as_frame_by_frame(subs, plan, length, uniform):
             else:
                 lname, headers, key = found
                 router.route_run(bp._sender(lname), frames, headers, key, (1, 77, 5), stamps)
-                bp.received += length
+                bp.stats.received += length
         else:
             bp.route_frames(b"sk.t", 1, 77, 5, stamps, frames)
         router.end_batch()
         c = router.counters
         results.append(([cl.got for cl in clients], clients[2].flushes > 0,
                          (c.msgs_in, c.bytes_in, c.msgs_out, c.bytes_out, c.undeliverable),
-                         router.group_stats, observed(seen), local, bp.received))
+                         router.group_stats, observed(seen), local, bp.stats.received))
     assert results[0] == results[1]
     # A run of one key and one sender always takes the one-pass path.
     if uniform:
@@ -136,7 +136,7 @@ def test_a_malformed_frame_in_a_run_is_counted_and_the_rest_delivered():
     bad = encode_frame({"type": "send", "group": "g"})  # no instance, to, from
     bp.route_frames(b"sk.g.1._", 1, 1, 1, [0.0] * 4, [good[0], bad, *good[1:]])
     assert [g[0] for g in clients[0].got] == good
-    assert (bp.malformed, bp.received) == (1, 3)
+    assert (bp.stats.malformed, bp.stats.received) == (1, 3)
 
 
 def test_remote_senders_keep_their_lnames_in_the_routing_log():
@@ -174,5 +174,5 @@ def test_nothing_received_goes_to_local_observers_or_back_out():
     router.route_run(bp._sender(lname), frames, headers, key, (1, 3, 1), [0.0] * 5)
     router.end_batch()
     assert local == [] and len(observed(seen)) == 5
-    assert bp.take_pending() == b"" and bp.sent == 0
+    assert bp.take_pending() == b"" and bp.stats.sent == 0
     assert len(clients[0].got) == 5

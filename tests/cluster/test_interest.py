@@ -144,7 +144,7 @@ def test_nothing_is_published_without_remote_interest():
     for _ in range(5):
         send(routers[0], clients[0], b"g")
     fake.pump()
-    assert fake.published == 0 and bps[0].sent == 0 and bps[0].withheld == 5
+    assert fake.published == 0 and bps[0].stats.sent == 0 and bps[0].stats.withheld == 5
     assert log == Counter()  # never to the sender
 
 
@@ -161,7 +161,7 @@ def test_a_subscription_on_b_is_served_once_announced():
     fake.pump()
     send(routers[0], clients[0], b"g")
     fake.pump()
-    assert fake.published == 1 and bps[0].withheld == 2
+    assert fake.published == 1 and bps[0].stats.withheld == 2
 
 
 def test_directed_to_another_broker_is_published_without_group_interest():
@@ -169,11 +169,11 @@ def test_directed_to_another_broker_is_published_without_group_interest():
     routers, bps, fake, clients, _log = cluster()
     send(routers[0], clients[0], b"g", to=clients[1].lname)
     fake.pump()
-    assert fake.published == 1 and bps[1].received == 1
+    assert fake.published == 1 and bps[1].stats.received == 1
     send(routers[0], clients[0], b"g", to=clients[0].lname)  # our own client's: nobody else
     send(routers[0], clients[0], b"g", to=b"nobody@host")  # no broker's: promisc only
     fake.pump()
-    assert fake.published == 1 and bps[0].withheld == 2
+    assert fake.published == 1 and bps[0].stats.withheld == 2
 
 
 def test_promisc_and_wildcard_patterns_elsewhere_take_directed_and_any_group():
@@ -204,4 +204,4 @@ def test_while_disconnected_everything_counts_as_published():
     routers, bps, _fake, clients, _log = cluster()
     bps[0].remote.disconnected()
     send(routers[0], clients[0], b"g")
-    assert bps[0].withheld == 0 and bps[0].sent == 1
+    assert bps[0].stats.withheld == 0 and bps[0].stats.sent == 1

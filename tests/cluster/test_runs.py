@@ -111,12 +111,12 @@ def test_a_chunk_travels_in_few_runs_and_arrives_in_order():
     largest = max(len(r.frame) + 8 for r in sent)
     # every run but the last as full as RUN_BYTES allows
     assert len(runs) == frame_bytes // (RUN_BYTES - largest) + 1
-    assert sum(n for _, n in runs) == 2000 and bps[0].sent == 2000
+    assert sum(n for _, n in runs) == 2000 and bps[0].stats.sent == 2000
     fake.pump()
     assert [r.frame for r in sub.got] == [r.frame for r in sent]
     assert [(r.server, r.session, r.instance, r.timestamp) for r in sub.got] == [
         (1, r.session, r.instance, r.timestamp) for r in sent]
-    assert bps[1].received == 2000 and bps[1].duplicates == 0
+    assert bps[1].stats.received == 2000 and bps[1].stats.duplicates == 0
 
 
 def test_a_mixed_batch_keeps_order_across_subjects():
@@ -151,7 +151,7 @@ def test_a_withheld_one_subject_batch_writes_nothing():
             send(routers[0], pub, i)
         routers[0].end_batch()
         assert bool(bps[0].take_pending()) == out
-    assert bps[0].withheld == 10 and bps[0].sent == 10
+    assert bps[0].stats.withheld == 10 and bps[0].stats.sent == 10
 
 
 def test_a_frame_over_max_payload_is_dropped_and_counted():
@@ -164,7 +164,7 @@ def test_a_frame_over_max_payload_is_dropped_and_counted():
     assert all(len(body) <= 4096 for _, _, body in parse_commands(data))
     fake.pump()
     assert [r.frame for r in sub.got] == [sent[0].frame, sent[2].frame]
-    assert (bps[0].sent, bps[0].drops, bps[0].oversized) == (2, 1, 1)
+    assert (bps[0].stats.sent, bps[0].stats.drops, bps[0].stats.oversized) == (2, 1, 1)
 
 
 def test_a_run_received_twice_is_routed_once():
@@ -179,7 +179,7 @@ def test_a_run_received_twice_is_routed_once():
     bps[1].receive(msg)
     routers[1].end_batch()
     assert len(sub.got) == 3
-    assert (bps[1].received, bps[1].duplicates) == (3, 3)
+    assert (bps[1].stats.received, bps[1].stats.duplicates) == (3, 3)
 
 
 def test_nothing_from_nats_goes_back_out():

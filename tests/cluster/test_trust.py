@@ -125,17 +125,17 @@ def test_a_huge_session_cannot_silence_a_broker():
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 10**19, [frame(b"x@h/1")]))  # out of range
     for i in range(5):
         deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 100 + i, [frame(b"x@h/1", seq=i)]))
-    assert len(sub.got) == 6 and bp.malformed == 1
+    assert len(sub.got) == 6 and bp.stats.malformed == 1
     # The second copy of a run (overlapping subscriptions) is dropped ...
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 104, [frame(b"x@h/1", seq=4)]))
-    assert len(sub.got) == 6 and bp.duplicates == 1
+    assert len(sub.got) == 6 and bp.stats.duplicates == 1
     # ... and the window is bounded and forgotten when broker 1 restarts.
     for i in range(2 * DEDUPE_WINDOW):
         deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 1000 + i, [frame(b"x@h/1")]))
     assert len(bp._recent[1]) == DEDUPE_WINDOW
     bp.peer_restarted(1, 0.0)
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 104, [frame(b"x@h/1", seq=4)]))
-    assert bp.duplicates == 1
+    assert bp.stats.duplicates == 1
 
 
 @pytest.mark.parametrize("subject, server, sender", [
@@ -149,14 +149,14 @@ def test_a_huge_session_cannot_silence_a_broker():
 def test_a_frame_speaks_only_for_the_broker_of_its_subject(subject, server, sender):
     router, bp, sub = broker2()
     deliver(router, bp, run_msg(subject, server, 5, [frame(sender)]))
-    assert sub.got == [] and bp.forged == 1 and bp.received == 0
+    assert sub.got == [] and bp.stats.forged == 1 and bp.stats.received == 0
 
 
 def test_frame_by_frame_runs_check_every_from():
     router, bp, sub = broker2()
     good = frame(b"y@h/1", b"public")
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 6, [frame(b"x@h/2"), good, frame(b"z@h/3")]))
-    assert sub.got == [good] and bp.forged == 2
+    assert sub.got == [good] and bp.stats.forged == 2
 
 
 def test_a_claim_gets_this_brokers_permissions_for_the_user():
@@ -164,18 +164,18 @@ def test_a_claim_gets_this_brokers_permissions_for_the_user():
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 5, [frame(b"x@h/1")], b"spy"))
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 6, [frame(b"x@h/1")], b"nobody"))
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 7, [frame(b"x@h/1")], b"~"))
-    assert sub.got == [] and bp.refused == 3
+    assert sub.got == [] and bp.stats.refused == 3
     assert router.counters.permission_denied == {"cluster:publish": 3}
     deliver(router, bp, run_msg(b"sk.1.public.i._", 1, 8, [frame(b"x@h/1", b"public")], b"spy"))
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 9, [frame(b"x@h/1")], b"alice"))
-    assert len(sub.got) == 2 and bp.received == 2
+    assert len(sub.got) == 2 and bp.stats.received == 2
 
 
 def test_an_oversized_frame_is_refused_and_counted():
     router, bp, sub = broker2()
     bp.max_frame = 1000
     deliver(router, bp, run_msg(b"sk.1.g.i._", 1, 5, [frame(b"x@h/1", msg=b"x" * 2000)]))
-    assert sub.got == [] and bp.oversized_in == 1 and bp.malformed == 1
+    assert sub.got == [] and bp.stats.oversized_in == 1 and bp.stats.malformed == 1
 
 
 # ---- interest ---------------------------------------------------------------------

@@ -68,8 +68,8 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
             log.info("routing log: writing %d queued record(s) before exit", queued)
         routelog.stop()
         await trio.to_thread.run_sync(routelog.join)
-        log.info("routing log: %d record(s) in %d file(s) in %s", routelog.records,
-                 routelog.files, cfg.dir)
+        log.info("routing log: %d record(s) in %d file(s) in %s", routelog.stats.records,
+                 routelog.stats.files, cfg.dir)
 
     ctx.on_stopped.append(flush)
     log.info("routing log in %s", cfg.dir)

@@ -35,8 +35,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from broker.core.backoff import Backoff
 from broker.core.router import Router
+from broker.core.tally import counter
 from broker.observability.routelog.columns import ColumnBuffer, Columns, parts_only
 from broker.observability.routelog.files import LogDirectory, LogFile, Recovery
 from broker.observability.routelog.record import RecordBuffer
@@ -64,6 +67,37 @@ _STOP = None
 
 def _noop() -> None:
     pass
+
+
+@attrs.define
+class RoutelogStats:
+    """The routing log's counters: ints updated by one thread each (``handed``
+    and ``dropped`` the trio thread, the rest the writer), read anywhere; the
+    metrics export each declared one (broker/core/tally.py)."""
+
+    records: int = counter("skan_routelog_records",
+                           "Routing-log records taken by the writer into its files.")
+    files: int = counter("skan_routelog_files", "Routing-log files completed (fsynced, renamed).")
+    dropped: int = counter(
+        "skan_routelog_dropped_records",
+        "Routing-log records dropped because [log] queue_records were waiting "
+        "(when_full = \"drop\").")
+    backpressure_closes: int = counter(
+        "skan_routelog_backpressure_closes",
+        "Times the routing log closed its admission gate (backlog over [log] queue_records).")
+    errors: int = counter("skan_routelog_errors",
+                          "Routing-log disk operations that failed and were retried.")
+    lost: int = counter("skan_routelog_lost_records",
+                        "Routing-log records given up at stop because the disk kept failing.")
+    # Retention: complete files (and their bytes) removed as too old or over max_bytes.
+    pruned_files: int = counter(
+        "skan_routelog_pruned_files",
+        "Complete routing-log files removed by retention ([log] max_bytes, max_age), "
+        "oldest first.")
+    pruned_bytes: int = counter("skan_routelog_pruned_bytes",
+                                "Bytes of routing-log files removed by retention.")
+    # Records given to the writer (the backlog is handed - records - lost).
+    handed: int = 0
 
 
 class RoutingLog:
@@ -121,17 +155,7 @@ class RoutingLog:
         # Runs first in the writer thread (its scheduler priority).
         self._thread_setup = thread_setup
         self.recovery = Recovery()
-        # Counters (ints updated by one thread each, read anywhere).
-        self.handed = 0
-        self.records = 0
-        self.files = 0
-        self.errors = 0
-        self.lost = 0
-        self.dropped = 0
-        # Retention: complete files (and their bytes) removed as too old or over max_bytes.
-        self.pruned_files = 0
-        self.pruned_bytes = 0
-        self.backpressure_closes = 0
+        self.stats = RoutelogStats()
         self.gate_closed = False
         # Set when the writer thread died of an unexpected exception.
         self.failure: BaseException | None = None
@@ -169,9 +193,9 @@ class RoutingLog:
         first_at = self.buffer.first_at
         pending = self.buffer.take()
         count = pending.rows if isinstance(pending, Columns) else len(pending)
-        backlog = self.handed - self.records - self.lost
+        backlog = self.stats.handed - self.stats.records - self.stats.lost
         if backlog > self.queue_records and self.when_full == "drop":
-            self.dropped += count
+            self.stats.dropped += count
             if isinstance(pending, Columns) and pending.new_parts:
                 self._queue.put(parts_only(pending))  # later keys may name these parts
             now = time.monotonic()
@@ -179,26 +203,26 @@ class RoutingLog:
                 self._last_drop_log = now
                 log.error("routing log: %d records wait for the disk (queue_records %d): "
                           "dropping new records, %d dropped so far (when_full = \"drop\")",
-                          backlog, self.queue_records, self.dropped)
+                          backlog, self.queue_records, self.stats.dropped)
             return
-        self.handed += count
-        self._batches.append((self.handed, first_at))
+        self.stats.handed += count
+        self._batches.append((self.stats.handed, first_at))
         self._forget_written()
         self._queue.put(pending)
         if (not self.gate_closed and self.when_full == "backpressure"
-                and self.handed - self.records > self.queue_records):
+                and self.stats.handed - self.stats.records > self.queue_records):
             self.gate_closed = True
-            self.backpressure_closes += 1
+            self.stats.backpressure_closes += 1
             self._close_gate()
 
     def _forget_written(self) -> None:
-        batches, done = self._batches, self.records + self.lost
+        batches, done = self._batches, self.stats.records + self.stats.lost
         while batches and batches[0][0] <= done:
             batches.popleft()
 
     def reopen_if_drained(self) -> bool:
         """Trio thread: reopen the gate when the backlog is down to the low-water mark."""
-        if self.gate_closed and self.handed - self.records <= self.low_water:
+        if self.gate_closed and self.stats.handed - self.stats.records <= self.low_water:
             self.gate_closed = False
             return True
         return False
@@ -216,7 +240,7 @@ class RoutingLog:
     @property
     def queued(self) -> int:
         pending = self.buffer.pending() if self.buffer is not None else 0
-        return self.handed + pending - self.records - self.lost
+        return self.stats.handed + pending - self.stats.records - self.stats.lost
 
     @property
     def lag_seconds(self) -> float:
@@ -259,7 +283,7 @@ class RoutingLog:
                 f = self._file
                 if f is not None and time.monotonic() - f.opened >= self.rotate_seconds:
                     self._finish()
-                if self.gate_closed and self.handed - self.records <= self.low_water:
+                if self.gate_closed and self.stats.handed - self.stats.records <= self.low_water:
                     self._request_open()
             if self._file is not None:
                 self._finish()
@@ -286,7 +310,7 @@ class RoutingLog:
         self._rows.append(table)
         self._row_count += table.num_rows
         self._file.records += table.num_rows
-        self.records += table.num_rows
+        self.stats.records += table.num_rows
         if self._row_count >= ROW_GROUP_ROWS:
             self._write_row_group()
             f = self._file
@@ -339,7 +363,7 @@ class RoutingLog:
             self._append(chunk)
             n = len(batch) if whole else bytes(chunk).count(b"\n")
             f.records += n
-            self.records += n
+            self.stats.records += n
             if f.size >= self.rotate_bytes:
                 self._finish()
 
@@ -352,7 +376,7 @@ class RoutingLog:
             self._encoder = None
         self._retry(f.finish, f"finish {f.name}")
         self._file = None
-        self.files += 1
+        self.stats.files += 1
         self._prune()
 
     def _prune(self) -> None:
@@ -360,12 +384,12 @@ class RoutingLog:
         try:
             pruned = self.directory.prune(self.max_bytes, self.max_age)
         except OSError as exc:
-            self.errors += 1
+            self.stats.errors += 1
             log.error("routing log: retention pass failed: %s", exc)
             return
         if pruned.files:
-            self.pruned_files += pruned.files
-            self.pruned_bytes += pruned.bytes
+            self.stats.pruned_files += pruned.files
+            self.stats.pruned_bytes += pruned.bytes
             log.info("routing log: removed %d old file(s), %d bytes (retention: max_bytes=%d, "
                      "max_age=%gs)", pruned.files, pruned.bytes, self.max_bytes, self.max_age)
 
@@ -389,15 +413,15 @@ class RoutingLog:
                         log.warning("routing log: %s succeeded after %.1f s", what,
                                     time.monotonic() - failing_since)
                     return result
-            self.errors += 1
+            self.stats.errors += 1
             now = time.monotonic()
             if failing_since is None:
                 failing_since = now
                 log.error("routing log: cannot %s: %s; retrying (input is held back once "
                           "the queue is full)", what, error)
             if self._stopping and now - failing_since > STOP_RETRY_SECONDS:
-                lost = self.handed - self.records
-                self.lost += lost
+                lost = self.stats.handed - self.stats.records
+                self.stats.lost += lost
                 log.error("routing log: giving up at stop after %.0f s of errors; "
                           "%d record(s) not written", now - failing_since, lost)
                 if self._file is not None:

@@ -212,7 +212,7 @@ async def test_backpressure_holds_readers_until_the_writer_catches_up(tmp_path):
             await trio.sleep(0.3)
             # The broker stopped reading: the later messages wait in TCP buffers.
             assert sub._inbox.statistics().current_buffer_used == routed
-            assert gate.closed and rl.backpressure_closes == 1
+            assert gate.closed and rl.stats.backpressure_closes == 1
             assert rl.backpressure_waits >= 1 and rl.queued == routed
             stall.set()
             for i in range(120):
@@ -220,7 +220,7 @@ async def test_backpressure_holds_readers_until_the_writer_catches_up(tmp_path):
             while gate.closed or rl.queued:  # (it may close again while the rest routes)
                 await trio.sleep(0.01)
         broker.stop.set()
-    assert rl.records == 120 and rl.queued == 0
+    assert rl.stats.records == 120 and rl.queued == 0
     assert [r["seq"] for r in read_log(tmp_path)] == [str(i) for i in range(120)]
 
 

@@ -69,8 +69,8 @@ def test_writer_applies_retention_after_each_file_and_counts(tmp_path):
     rl.join()
     names = published(tmp_path)
     total = sum((tmp_path / n).stat().st_size for n in names)
-    assert total <= 9000 and rl.pruned_files == rl.files - len(names) > 0
-    assert rl.pruned_bytes > 0
+    assert total <= 9000 and rl.stats.pruned_files == rl.stats.files - len(names) > 0
+    assert rl.stats.pruned_bytes > 0
     # What is left is the newest records, complete and in order.
     seqs = [int(r["seq"]) for r in read_all(tmp_path)]
     assert seqs == list(range(seqs[0], 300))
@@ -81,7 +81,7 @@ def test_writer_prunes_at_start(tmp_path):
         _file(tmp_path, n, 100, age=7200)
     _router, rl = make_log(tmp_path, max_age=3600)
     rl.start()
-    wait_for(lambda: rl.pruned_files == 3)
+    wait_for(lambda: rl.stats.pruned_files == 3)
     rl.stop()
     rl.join()
     assert published(tmp_path) == []

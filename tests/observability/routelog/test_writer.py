@@ -56,7 +56,7 @@ def test_stop_writes_every_record_in_order(tmp_path, fmt):
     rl.join()
     recs = read_all(tmp_path)
     assert [r["seq"] for r in recs] == [str(i) for i in range(2500)]
-    assert (rl.records, rl.files, rl.queued, rl.lag_seconds) == (2500, 1, 0, 0.0)
+    assert (rl.stats.records, rl.stats.files, rl.queued, rl.lag_seconds) == (2500, 1, 0, 0.0)
     assert published(tmp_path)[0].endswith("." + fmt)
     assert recs[0]["recipients"] == {"skan": 1} and recs[0]["delivered"] == 1
 
@@ -91,7 +91,7 @@ def test_row_groups_and_rotation_by_size_in_parquet(tmp_path, monkeypatch):
     rl.stop()
     rl.join()
     names = published(tmp_path)
-    assert len(names) == rl.files == 10  # a file per row group: each passes rotate_bytes
+    assert len(names) == rl.stats.files == 10  # a file per row group: each passes rotate_bytes
     assert all(pq.ParquetFile(tmp_path / n).metadata.num_rows == 100 for n in names)
     assert [r["seq"] for r in read_all(tmp_path)] == [str(i) for i in range(1000)]
 
@@ -104,17 +104,17 @@ def test_when_full_drop_counts_every_dropped_record_and_routing_goes_on(tmp_path
     # The writer thread is not running yet: nothing drains, the backlog grows.
     for _ in range(100):
         send(router, pub)
-    assert closes == [] and not rl.gate_closed and rl.backpressure_closes == 0
+    assert closes == [] and not rl.gate_closed and rl.stats.backpressure_closes == 0
     # Batches of 5 (queue_records // 4): accepted while at most 20 wait, then dropped.
-    assert rl.handed == 25 and rl.dropped == 75 and rl.queued == 25
+    assert rl.stats.handed == 25 and rl.stats.dropped == 75 and rl.queued == 25
     rl.start()
     wait_for(lambda: rl.queued == 0)
     for _ in range(10):  # the writer caught up: nothing more is dropped
         send(router, pub)
     rl.stop()
     rl.join()
-    assert len(read_all(tmp_path)) == 35 == rl.records
-    assert rl.dropped == 75 and rl.handed + rl.dropped == 110
+    assert len(read_all(tmp_path)) == 35 == rl.stats.records
+    assert rl.stats.dropped == 75 and rl.stats.handed + rl.stats.dropped == 110
 
 
 def test_rotation_by_size_in_json_lines(tmp_path):
@@ -129,7 +129,7 @@ def test_rotation_by_size_in_json_lines(tmp_path):
     rl.stop()
     rl.join()
     names = published(tmp_path)
-    assert len(names) == rl.files > 5
+    assert len(names) == rl.stats.files > 5
     for name in names:
         assert (tmp_path / name).stat().st_size <= 4000
     assert [r["seq"] for r in read_all(tmp_path)] == [str(i) for i in range(300)]
@@ -141,13 +141,13 @@ def test_rotation_by_age_publishes_without_more_traffic(tmp_path):
     pub = sink(router)
     send(router, pub)
     rl.handoff()
-    wait_for(lambda: rl.files == 1)
+    wait_for(lambda: rl.stats.files == 1)
     assert len(read_all(tmp_path)) == 1
     time.sleep(0.3)  # no traffic: no empty files
-    assert rl.files == 1
+    assert rl.stats.files == 1
     send(router, pub)
     rl.handoff()
-    wait_for(lambda: rl.files == 2)
+    wait_for(lambda: rl.stats.files == 2)
     rl.stop()
     rl.join()
     assert len(read_all(tmp_path)) == 2
@@ -167,7 +167,7 @@ def test_backlog_closes_the_gate_and_draining_reopens_it(tmp_path):
     # The writer thread is not running yet: nothing drains, the backlog grows.
     for _ in range(30):
         send(router, pub)
-    assert events == ["close"] and rl.gate_closed and rl.backpressure_closes == 1
+    assert events == ["close"] and rl.gate_closed and rl.stats.backpressure_closes == 1
     for _ in range(100):  # routing still never blocks nor loses a record
         send(router, pub)
     assert events == ["close"] and rl.queued == 130
@@ -232,7 +232,7 @@ def test_dropped_batches_still_give_the_writer_their_parts(tmp_path):
               for i in range(40)]  # each group new parts; most batches dropped
     later = [send(router, pub, group=f"g{i}".encode(), seq=str(100 + i).encode())
              for i in range(40)]  # the same parts again, from the cache
-    assert rl.dropped > 0
+    assert rl.stats.dropped > 0
     rl.start()
     wait_for(lambda: rl.queued == 0)
     again = [send(router, pub, group=f"g{i}".encode(), seq=str(200 + i).encode())
@@ -240,7 +240,7 @@ def test_dropped_batches_still_give_the_writer_their_parts(tmp_path):
     rl.stop()
     rl.join()
     got = read_all(tmp_path)
-    assert rl.failure is None and len(got) == rl.records == 80 + len(again) - rl.dropped
+    assert rl.failure is None and len(got) == rl.stats.records == 80 + len(again) - rl.stats.dropped
     want = {r["seq"]: r for r in records(routed + later + again)}
     assert all(r == want[r["seq"]] for r in got)
     assert [r["seq"] for r in got[-len(again):]] == [str(200 + i) for i in range(0, 40, 5)]
