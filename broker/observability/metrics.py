@@ -311,7 +311,7 @@ class BrokerCollector(Collector):
     def _routelog(self, log: RoutingLog | None) -> Iterator[Metric]:
         if log is None:
             return
-        yield from _declared([(log.stats, ())])
+        yield from _declared([(log.stats, ()), (log.recovery, ())])
         yield _gauge("skan_routelog_queued_records",
                      "Routing-log records waiting for the writer.", log.queued)
         yield _gauge("skan_routelog_lag_seconds",

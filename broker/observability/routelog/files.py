@@ -29,6 +29,8 @@ import time
 
 import attrs
 
+from broker.core.tally import counter
+
 log = logging.getLogger(__name__)
 
 PREFIX = "routelog-"
@@ -157,11 +159,23 @@ class Pruned:
 
 @attrs.define
 class Recovery:
-    files: int = 0
-    torn_bytes: int = 0
-    removed_empty: int = 0
+    """What start-up found of a previous broker's unfinished files (counted
+    once, at open; exported so that records lost to a kill show on /metrics,
+    not only in the start-up log)."""
+
+    files: int = counter("skan_routelog_recovered_files",
+                         "Unfinished routing-log files a previous broker left, published "
+                         "at start-up up to their last complete line.")
+    torn_bytes: int = counter("skan_routelog_recovered_torn_bytes",
+                              "Bytes of torn last lines cut from those files at start-up.")
+    removed_empty: int = counter("skan_routelog_recovered_empty_files",
+                                 "Unfinished routing-log files with no complete line, removed "
+                                 "at start-up.")
     # Parquet files a killed broker left without their footer (their records are lost).
-    removed_unfinished: int = 0
+    removed_unfinished: int = counter(
+        "skan_routelog_recovered_unfinished_parquet_files",
+        "Parquet files a previous broker left without their footer, removed at start-up "
+        "(their records are lost).")
 
 
 class LogDirectory:

@@ -354,3 +354,29 @@ def test_routelog_lag_is_the_age_of_the_oldest_waiting_record_and_drops_count(tm
     data = scraped()
     assert value(data, "skan_routelog_lag_seconds") == 0
     assert value(data, "skan_routelog_records_total") == 10
+
+
+async def test_routelog_recovery_at_start_up_is_on_metrics(tmp_path):
+    """A killed broker's unfinished files, repaired at start-up, show on /metrics
+    (the Parquet file's records are lost: operators alert on that series)."""
+    from broker.observability.routelog.files import LogDirectory
+
+    log_dir = tmp_path / "log"
+    old = LogDirectory(str(log_dir), 1)
+    old.open()
+    old.suffix = ".jsonl"
+    torn = old.new_file()
+    torn.write(b'{"n":1}\n{"n":2,"to')
+    torn.abandon()
+    old.suffix = ".parquet"
+    for _ in range(2):
+        unfinished = old.new_file()
+        unfinished.write(b"PAR1 row groups but no footer")
+        unfinished.abandon()
+    old.close()
+    with BrokerProcess("", ("--log-dir", str(log_dir))) as proc:
+        data = await scrape(proc.addr["metrics"])
+    assert value(data, "skan_routelog_recovered_files_total") == 1
+    assert value(data, "skan_routelog_recovered_torn_bytes_total") == len(b'{"n":2,"to')
+    assert value(data, "skan_routelog_recovered_empty_files_total") == 0
+    assert value(data, "skan_routelog_recovered_unfinished_parquet_files_total") == 2
