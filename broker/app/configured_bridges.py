@@ -2,7 +2,7 @@
 
 A runner is ``async def run(ctx, cfg, status)``: it attaches its routing
 endpoint, appends nothing (``status`` is already in ``ctx.bridges``) and
-runs until cancelled, normally through :func:`broker.serving.bridge_runner.run_bridge`.
+runs until cancelled, normally as ``Bridge.run`` (:mod:`broker.serving.bridge_runner`).
 Bridge kinds register by adding one entry to :data:`RUNNERS`.
 
 Each bridge runs in its own nursery under a guard: an unexpected exception

@@ -2,7 +2,8 @@
 
 A bridge is a routing endpoint (so routed messages reach it like any
 client) whose deliveries go into a bounded buffer that the bridge's own
-tasks drain towards the remote peer.  The protocol-specific part is one
+tasks drain towards the remote peer.  A protocol's bridge is a
+:class:`Bridge` whose specific part is one
 ``attempt(status)`` coroutine (one connection attempt) that dials with :func:`open_bridge_stream`
 (the one TCP/TLS dialler of every bridge), runs until the connection fails,
 and returns or raises; :func:`run_bridge` keeps the endpoint attached for
@@ -185,6 +186,32 @@ async def open_bridge_stream(cfg: BridgeSection) -> trio.abc.Stream:
 
 def bridge_name(index: int, cfg: BridgeSection) -> str:
     return f"{cfg.protocol}-{index}-{cfg.address}"
+
+
+class Bridge:
+    """A bridge's state across its connections: the router, its ``[[bridges]]``
+    entry and its status.  A protocol's subclass sets ``ep`` (the routing
+    endpoint, attached while the bridge runs) and defines :meth:`attempt`
+    (one connection); :meth:`run` is :func:`run_bridge` for it."""
+
+    # Whether ``ep`` subscribes to the bridge's group and instance (a
+    # Mariner bridge only receives).
+    subscribes = True
+    ep: Endpoint
+
+    def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus) -> None:
+        self.router = router
+        self.cfg = cfg
+        self.status = status
+
+    async def attempt(self, status: BridgeStatus) -> None:
+        """One connection: dial, run until it fails, return or raise."""
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        """Attach the endpoint and connect, reconnecting, for as long as the bridge runs."""
+        await run_bridge(self.router, self.ep, self.status, self.cfg, self.attempt,
+                         subscribe=self.subscribes)
 
 
 async def run_bridge(

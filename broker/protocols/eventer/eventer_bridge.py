@@ -41,11 +41,11 @@ from broker.core.reasons import Protocol
 from broker.core.refusals import Refused
 from broker.core.router import Routed
 from broker.serving.bridge_runner import (
+    Bridge,
     BridgeStatus,
     BufferedBridgeEndpoint,
     bridge_route,
     open_bridge_stream,
-    run_bridge,
 )
 from broker.serving.config import BridgeSection
 from broker.serving.context import BrokerContext
@@ -88,14 +88,12 @@ def _collapse(group: BaseExceptionGroup) -> BaseException:
     return leaves[0]
 
 
-class EventerBridge:
+class EventerBridge(Bridge):
     """State that outlives connections: the endpoint, its buffer, the echo filter."""
 
     def __init__(self, ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
+        super().__init__(ctx.router, cfg, status)
         self.ctx = ctx
-        self.router = ctx.router
-        self.cfg = cfg
-        self.status = status
         self.server_id = ctx.config.broker.server_id
         self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_EVENTER, status, cfg.buffer,
                                          BridgeSpool.of(ctx.retention, status.name))
@@ -196,5 +194,4 @@ class EventerBridge:
 async def run_eventer_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.app.configured_bridges)."""
-    bridge = EventerBridge(ctx, cfg, status)
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt)
+    await EventerBridge(ctx, cfg, status).run()

@@ -38,13 +38,13 @@ from broker.core.inject import build_send
 from broker.core.queue import OutQueue
 from broker.core.reasons import DropReason, Protocol
 from broker.core.refusals import FrameTooLarge, NotPermitted
-from broker.core.router import Routed, Router
+from broker.core.router import Routed
 from broker.serving.bridge_runner import (
+    Bridge,
     BridgeStatus,
     BufferedBridgeEndpoint,
     bridge_route,
     open_bridge_stream,
-    run_bridge,
 )
 from broker.serving.config import BridgeSection
 from broker.serving.context import BrokerContext
@@ -92,19 +92,17 @@ def outgoing_payload(routed: Routed) -> bytes:
     return routed.frame
 
 
-class HSPBridge:
+class HSPBridge(Bridge):
     """State that outlives connections: the endpoint, its buffer and what is in flight."""
 
-    def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus,
-                 max_payload: int, ping_delay: float, ping_timeout: float,
-                 spool: BridgeSpool | None = None) -> None:
-        self.router = router
-        self.cfg = cfg
-        self.status = status
-        self.max_payload = max_payload
-        self.ping_delay = ping_delay
-        self.ping_timeout = ping_timeout
-        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_HSP, status, cfg.buffer, spool)
+    def __init__(self, ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
+        super().__init__(ctx.router, cfg, status)
+        # The largest DATA payload taken from the peer: a Skan message of max_frame.
+        self.max_payload = ctx.config.broker.max_frame
+        # Keep-alive: the [hsp] section's ping_delay and ping_timeout.
+        self.keepalive = ctx.config.hsp
+        self.ep = BufferedBridgeEndpoint(Protocol.BRIDGE_HSP, status, cfg.buffer,
+                                         BridgeSpool.of(ctx.retention, status.name))
         self.group = cfg.group.encode()
         self.instance = cfg.instance.encode()
         self.window = min(WINDOW, cfg.buffer)
@@ -244,8 +242,9 @@ class _Link:
         async def ping() -> None:
             self._push(self.hsp.send(Ping()))
 
-        await idle_pinger(lambda: self.last_rx, ping, bridge.ping_delay, bridge.ping_timeout)
-        raise TimeoutError(f"no answer to PING within {bridge.ping_timeout}s")
+        keepalive = bridge.keepalive
+        await idle_pinger(lambda: self.last_rx, ping, keepalive.ping_delay, keepalive.ping_timeout)
+        raise TimeoutError(f"no answer to PING within {keepalive.ping_timeout}s")
 
     async def _reader(self) -> None:
         bridge = self.bridge
@@ -306,8 +305,4 @@ class _Link:
 
 async def run_hsp_bridge(ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "hsp"`` (see broker.app.configured_bridges)."""
-    hsp = ctx.config.hsp
-    bridge = HSPBridge(ctx.router, cfg, status, ctx.config.broker.max_frame,
-                       hsp.ping_delay, hsp.ping_timeout,
-                       BridgeSpool.of(ctx.retention, status.name))
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt)
+    await HSPBridge(ctx, cfg, status).run()

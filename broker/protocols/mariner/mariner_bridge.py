@@ -33,7 +33,7 @@ from broker.core.events import MappingError, send_for_event
 from broker.core.reasons import DropReason, ErrorKind, Protocol
 from broker.core.refusals import Refused
 from broker.core.router import Endpoint, Routed, Router
-from broker.serving.bridge_runner import BridgeStatus, bridge_route, open_bridge_stream, run_bridge
+from broker.serving.bridge_runner import Bridge, BridgeStatus, bridge_route, open_bridge_stream
 from broker.serving.config import BridgeSection
 from broker.serving.context import BrokerContext
 from broker.serving.transport import relieve_congestion
@@ -59,21 +59,21 @@ class MarinerBridgeEndpoint(Endpoint):
         self.router.counters.drop(self.protocol, DropReason.ONE_WAY)
 
 
-class MarinerBridge:
+class MarinerBridge(Bridge):
     """State that outlives connections: the endpoint and the resume point."""
 
-    def __init__(self, router: Router, cfg: BridgeSection, status: BridgeStatus, *,
-                 max_frame: int, ping_delay: float, ping_timeout: float,
-                 grace: float, spool: BridgeSpool | None = None) -> None:
-        self.router = router
-        self.cfg = cfg
-        self.status = status
-        self.max_frame = max_frame
-        self.ping_delay = ping_delay
-        self.ping_timeout = ping_timeout
-        self.grace = grace
-        self.ep = MarinerBridgeEndpoint(router)
-        self.spool = spool or BridgeSpool(None, status.name)
+    # Mariner clients only receive: the bridge subscribes to nothing locally.
+    subscribes = False
+
+    def __init__(self, ctx: BrokerContext, cfg: BridgeSection, status: BridgeStatus) -> None:
+        super().__init__(ctx.router, cfg, status)
+        self.max_frame = ctx.config.broker.max_frame
+        # Keep-alive: the [mariner] section's ping_delay and ping_timeout.
+        self.keepalive = ctx.config.mariner
+        # How long a congested local consumer may hold the bridge's reading.
+        self.grace = ctx.config.broker.slow_consumer_grace
+        self.ep = MarinerBridgeEndpoint(self.router)
+        self.spool = BridgeSpool.of(ctx.retention, status.name)
         resume = self.spool.resume_point()
         self.last_event_id: mw.EventId | None = None if resume is None else mw.EventId(*resume)
         self.skipped = 0
@@ -128,8 +128,8 @@ class MarinerBridge:
             client_token=self.cfg.token,
             last_event_id=self.last_event_id,
             subscriptions=self.cfg.effective_subscriptions(),
-            ping_delay=self.ping_delay,
-            ping_timeout=self.ping_timeout,
+            ping_delay=self.keepalive.ping_delay,
+            ping_timeout=self.keepalive.ping_timeout,
             max_message=self.max_frame,
         ) as client:
             # Mariner has no answer to init: a pong after it means the server kept
@@ -149,12 +149,4 @@ class MarinerBridge:
 async def run_mariner_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "mariner"`` (see broker.app.configured_bridges)."""
-    section = ctx.config.mariner
-    bridge = MarinerBridge(
-        ctx.router, cfg, status, max_frame=ctx.config.broker.max_frame,
-        ping_delay=section.ping_delay, ping_timeout=section.ping_timeout,
-        grace=ctx.config.broker.slow_consumer_grace,
-        spool=BridgeSpool.of(ctx.retention, status.name),
-    )
-    # Mariner clients only receive: the bridge subscribes to nothing locally.
-    await run_bridge(ctx.router, bridge.ep, status, cfg, bridge.attempt, subscribe=False)
+    await MarinerBridge(ctx, cfg, status).run()
