@@ -318,7 +318,7 @@ class Receiver:
     ``receive_some``.
     """
 
-    __slots__ = ("stream", "fd_of", "short")
+    __slots__ = ("fd_of", "short", "stream")
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self.stream = stream
