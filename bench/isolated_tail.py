@@ -1,0 +1,171 @@
+"""What the slowest messages overlapped: the latency probe against a broker whose
+writers stamp their work.
+
+    python -m bench.isolated_tail [--shape isolated|latency] [--config FILE]
+                                  [--rate 10000] [--seconds 5]
+
+The probe of ``bench.compare.probe`` (``isolated``: ten publishers taking turns,
+one message per write; ``latency``: bursts every millisecond) runs against a
+broker started through this module, which wraps, with
+``time.perf_counter_ns`` stamps (CLOCK_MONOTONIC, the probe's clock too):
+
+    gcN           the collector's passes, by generation
+    store:collect the writer building a transaction's rows (Python, the GIL)
+    store:insert  its multi-row INSERTs
+    store:commit  a whole flush (collect, inserts, eviction, COMMIT and its
+                  fsync, the WAL check)
+    log:take      the routing-log writer turning a hand-off into Arrow columns
+    log:rowgroup  ... and encoding a Parquet row group
+
+For each kind it prints how often it ran and how long it took, then the
+share of the slowest 1 % of messages (from send to read back) whose flight
+overlapped one, beside the same share for messages at or below the median.
+A kind that overlaps the slow messages far more often than the fast ones is
+where the tail comes from; one that overlaps both alike is merely frequent.
+The stamps cost well under a microsecond per wrapped call (a few hundred
+calls a second).  docs/performance.md, "Isolated messages: where a wake-up
+goes", has what it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import os
+import pathlib
+import sys
+import tempfile
+
+import trio
+
+# The broker-side stamps: written by the instrumented broker at exit.
+_EVENTS_ENV = "SKAN_ISOLATED_TAIL_FILE"
+
+
+def _instrument_and_run_broker(events_file: str) -> None:
+    """Run the broker (its usual command line) with its writers' work stamped."""
+    import atexit
+    import gc
+    import time
+
+    import broker.store.writer as store_writer
+    from broker.app.cli import main
+    from broker.observability.routelog.writer import RoutingLog
+
+    stamp = time.perf_counter_ns
+    events: list[tuple[str, int, int]] = []
+    gc_start = [0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[0] = stamp()
+        else:
+            events.append((f"gc{info['generation']}", gc_start[0], stamp()))
+
+    gc.callbacks.append(on_gc)
+
+    def wrap(owner: object, name: str, kind: str) -> None:
+        inner = getattr(owner, name)
+
+        def stamped(*args: object, **kwargs: object) -> object:
+            began = stamp()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                events.append((kind, began, stamp()))
+
+        setattr(owner, name, stamped)
+
+    # Module functions are looked up at call time, methods on the class.
+    wrap(store_writer, "collect", "store:collect")
+    wrap(store_writer, "_insert_many", "store:insert")
+    wrap(store_writer.StoreWriter, "_commit_queued", "store:commit")
+    wrap(RoutingLog, "_take_rows", "log:take")
+    wrap(RoutingLog, "_write_row_group", "log:rowgroup")
+
+    def save() -> None:
+        pathlib.Path(events_file).write_text(
+            "".join(f"{kind} {began} {ended}\n" for kind, began, ended in events))
+
+    atexit.register(save)
+    sys.argv[0] = "skan-broker"
+    main()
+
+
+def overlaps(samples: list[tuple[int, int]], events: list[tuple[str, int, int]]
+             ) -> collections.Counter:
+    """How many of ``samples`` (sent, received) overlapped each kind of event."""
+    by_kind: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for kind, began, ended in events:
+        by_kind[kind].append((began, ended))
+    hits: collections.Counter = collections.Counter()
+    for kind, spans in by_kind.items():
+        spans.sort()
+        starts = [b for b, _ in spans]
+        for sent, got in samples:
+            # Spans that began before the message was read back; the last
+            # few are the only ones that can still be running at ``sent``.
+            i = bisect.bisect_left(starts, got)
+            if any(ended > sent for _, ended in spans[max(0, i - 8):i]):
+                hits[kind] += 1
+    return hits
+
+
+async def run(args: argparse.Namespace) -> None:
+    from bench.compare import Target, probe
+    from bench.skan_load import Broker, SkanClient
+
+    config = pathlib.Path(args.config).read_text() if args.config else ""
+    events_file = os.path.join(tempfile.mkdtemp(prefix="skan-tail-"), "events.txt")
+    samples: list[tuple[int, int]] = []
+    with Broker(config, module="bench.isolated_tail",
+                env={_EVENTS_ENV: events_file}) as broker:
+        target = Target("skan", SkanClient(broker, "skan"), broker.cpu_seconds, None)
+        await probe(target, args.rate, 1.0, lambda s, g: None, args.shape)  # warm-up
+        cpu = await probe(target, args.rate, args.seconds,
+                          lambda sent, got: samples.append((sent, got)), args.shape)
+    first = samples[0][0] - 10_000_000
+    events = []
+    for line in pathlib.Path(events_file).read_text().splitlines():
+        kind, began, ended = line.split()
+        if int(ended) >= first:
+            events.append((kind, int(began), int(ended)))
+    latency = sorted((got - sent, sent, got) for sent, got in samples)
+    n = len(latency)
+
+    def ms(q: float) -> float:
+        return latency[min(n - 1, int(q * n))][0] / 1e6
+
+    print(f"{args.shape}, {args.rate} msgs/s, {n} messages: p50 {ms(0.5):.3f} ms, "
+          f"p90 {ms(0.9):.3f}, p99 {ms(0.99):.3f}, p99.9 {ms(0.999):.3f}; "
+          f"broker CPU {cpu * 1e6 / args.rate if cpu else float('nan'):.1f} us/msg")
+    durations: dict[str, list[float]] = collections.defaultdict(list)
+    for kind, began, ended in events:
+        durations[kind].append((ended - began) / 1e6)
+    slow = [(s, g) for _, s, g in latency[int(0.99 * n):]]
+    fast = [(s, g) for _, s, g in latency[:n // 2]]
+    hit_slow, hit_fast = overlaps(slow, events), overlaps(fast, events)
+    print(f"{'kind':<14} {'runs':>6} {'p50 ms':>8} {'max ms':>8}   slowest 1% overlapped"
+          f"   fastest 50% overlapped")
+    for kind in sorted(durations):
+        d = sorted(durations[kind])
+        print(f"{kind:<14} {len(d):>6} {d[len(d) // 2]:>8.3f} {d[-1]:>8.2f}   "
+              f"{hit_slow[kind] / len(slow):>20.0%}   {hit_fast[kind] / len(fast):>22.0%}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=("isolated", "latency"), default="isolated")
+    p.add_argument("--config", help="TOML config for the broker")
+    p.add_argument("--rate", type=int, default=10_000)
+    p.add_argument("--seconds", type=float, default=5.0)
+    trio.run(run, p.parse_args())
+
+
+if __name__ == "__main__":
+    events_env = os.environ.get(_EVENTS_ENV)
+    if events_env:
+        _instrument_and_run_broker(events_env)
+    else:
+        main()
