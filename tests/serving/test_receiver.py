@@ -33,6 +33,17 @@ async def _pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     return accepted[0], client
 
 
+async def _after_a_short_read() -> tuple[trio.SocketStream, trio.SocketStream, Receiver]:
+    """A connected pair whose server side has read one short message: its
+    next receive waits for readiness before it reads."""
+    server, client = await _pair()
+    receiver = Receiver(server)
+    await client.send_all(b"x")
+    assert await receiver.receive(1024) == b"x"
+    assert receiver.short
+    return server, client, receiver
+
+
 async def test_short_reads_then_later_data_arrive_whole_and_in_order() -> None:
     server, client = await _pair()
     receiver = Receiver(server)
@@ -69,10 +80,7 @@ async def test_a_full_read_goes_through_receive_some_and_the_rest_follows() -> N
 
 
 async def test_eof_after_a_short_read_is_empty_bytes() -> None:
-    server, client = await _pair()
-    receiver = Receiver(server)
-    await client.send_all(b"x")
-    assert await receiver.receive(1024) == b"x"
+    server, client, receiver = await _after_a_short_read()
     await client.aclose()
     with trio.fail_after(5):
         assert await receiver.receive(1024) == b""
@@ -80,10 +88,7 @@ async def test_eof_after_a_short_read_is_empty_bytes() -> None:
 
 
 async def test_a_reset_after_a_short_read_is_broken_resource() -> None:
-    server, client = await _pair()
-    receiver = Receiver(server)
-    await client.send_all(b"x")
-    assert await receiver.receive(1024) == b"x"
+    server, client, receiver = await _after_a_short_read()
     # SO_LINGER 0: close() sends RST instead of FIN.
     client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.socket.close()
@@ -93,10 +98,7 @@ async def test_a_reset_after_a_short_read_is_broken_resource() -> None:
 
 
 async def test_closing_the_stream_wakes_a_waiting_receive_with_closed_resource() -> None:
-    server, client = await _pair()
-    receiver = Receiver(server)
-    await client.send_all(b"x")
-    assert await receiver.receive(1024) == b"x"
+    server, client, receiver = await _after_a_short_read()
     errors: list[BaseException] = []
 
     async def reader() -> None:
@@ -116,10 +118,7 @@ async def test_closing_the_stream_wakes_a_waiting_receive_with_closed_resource()
 
 
 async def test_a_waiting_receive_is_cancellable() -> None:
-    server, client = await _pair()
-    receiver = Receiver(server)
-    await client.send_all(b"x")
-    assert await receiver.receive(1024) == b"x"
+    server, client, receiver = await _after_a_short_read()
     with trio.move_on_after(0.05) as scope:
         await receiver.receive(1024)
     assert scope.cancelled_caught
