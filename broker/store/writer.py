@@ -169,7 +169,10 @@ _frame = attrgetter("frame")
 # the routing thread would otherwise wait through (the interpreter's switch
 # interval is 5 ms): in process its p99 lateness was 1.0-1.1 ms against
 # 0.6 at 10 ms flushes (bench/writer_interference.py).  64 operations take
-# about 0.1 ms; an offer nobody takes costs about 1 us.
+# about 0.1 ms.  An offer is a real sleep (time.sleep(0) is a 0 s
+# clock_nanosleep): about 20 us of CPU and 80 us of the writer's time on the
+# benchmark VM, which is what lets a waiting routing thread take the GIL
+# (os.sched_yield costs 1 us but the writer takes the GIL straight back).
 YIELD_EVERY = 64
 
 
