@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 import pytest
-import trustme
 
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.cluster.natsproc import NatsCluster, send_until_received
 from tests.cluster.test_brokers import ROOT
+from tests.tlsfiles import server_cert
 
 
 def broker(server_id: int, url: str, cluster: str = "") -> BrokerProcess:
@@ -55,15 +55,11 @@ async def test_token():
 
 @pytest.mark.trio
 async def test_tls_verified_against_the_configured_ca(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    args = ("--tls", "--tlscert", str(tmp_path / "server.pem"),
-            "--tlskey", str(tmp_path / "server.pem"))
+    cert = server_cert(tmp_path, "server")
+    args = ("--tls", "--tlscert", str(cert.pem), "--tlskey", str(cert.key))
     with NatsCluster(1, args) as nats:
         url = nats.nodes[0].url.replace("nats://", "tls://")
-        tls = f'tls_ca = "{tmp_path / "ca.pem"}"\n'
+        tls = f'tls_ca = "{cert.ca_pem}"\n'
         with broker(1, url, tls) as a, broker(2, url, tls) as b:
             await crosses(a, b)
         # Not signed by a CA the broker trusts: refused, said plainly.

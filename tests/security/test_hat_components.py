@@ -15,7 +15,6 @@ import tempfile
 
 import pytest
 import trio
-import trustme
 
 from clients.skan import SkanClient, SkanClientError
 from tests.brokerproc import BrokerProcess
@@ -23,6 +22,7 @@ from tests.hatpeer import PeerProcess
 from tests.hatsystem import PREFIX, free_port, gateway
 from tests.peerenv import EVENTER09_PEER, HAT_GATEWAY_PEER
 from tests.security.common import OP_TOKEN, USERS
+from tests.tlsfiles import server_cert
 
 pytestmark = [pytest.mark.trio, pytest.mark.peers]
 
@@ -104,19 +104,14 @@ async def test_without_the_setting_the_token_less_hat_client_is_refused():
 
 async def test_a_client_certificate_identifies_a_hat_client(tmp_path):
     """A component behind a TLS tunnel holding its certificate (CN = user)."""
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    server.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "broker.pem"))
-    server.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    client = ca.issue_cert("hat.example", common_name="hat-components")
+    server = server_cert(tmp_path)
+    client = server.ca.issue_cert("hat.example", common_name="hat-components")
     client.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "client.pem"))
-    config = HAT_USERS + (f'\n[eventer]\ntls_cert = "{tmp_path / "broker.pem"}"\n'
-                          f'tls_key = "{tmp_path / "broker.key"}"\n'
-                          f'tls_ca = "{tmp_path / "ca.pem"}"\ntls_client_auth = "require"\n')
+    config = HAT_USERS + "\n" + server.section("eventer") + (
+        f'tls_ca = "{server.ca_pem}"\ntls_client_auth = "require"\n')
     with BrokerProcess(config) as b:
         port = b.addr["eventer"][1]
-        tls = {"ca": str(tmp_path / "ca.pem"), "cert": str(tmp_path / "client.pem")}
+        tls = {"ca": str(server.ca_pem), "cert": str(tmp_path / "client.pem")}
         peer, res = await hat_client(port, subscriptions=[["gateway", "*"]], tls=tls)
         async with peer:
             assert res == {"status": "operational"}

@@ -18,18 +18,14 @@ from clients.skan import SkanClient, SkanClientError
 from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape
 from tests.security.common import SENSOR_TOKEN, USERS
+from tests.tlsfiles import server_cert
 from toolkit.eventer_client import EventerClient
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    server.private_key_and_cert_chain_pem.write_to_path(str(d / "broker.pem"))
-    server.private_key_pem.write_to_path(str(d / "broker.key"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    return ca, d
+    return server_cert(d).ca, d  # d holds broker.pem, broker.key and ca.pem
 
 
 @pytest.fixture(scope="module")

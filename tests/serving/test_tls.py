@@ -6,22 +6,17 @@ import ssl
 
 import pytest
 import trio
-import trustme
 
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
+from tests.tlsfiles import server_cert
 
 
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    d = tmp_path_factory.mktemp("tls")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(d / "broker.pem"))
-    cert.private_key_pem.write_to_path(str(d / "broker.key"))
-    config = f'[skan]\ntls_cert = "{d / "broker.pem"}"\ntls_key = "{d / "broker.key"}"\n'
-    with BrokerProcess(config) as b:
-        yield b, ca
+    cert = server_cert(tmp_path_factory.mktemp("tls"))
+    with BrokerProcess(cert.section("skan")) as b:
+        yield b, cert.ca
 
 
 async def test_tls_round_trip(tls_broker):

@@ -8,24 +8,19 @@ import sys
 
 import pytest
 import trio
-import trustme
 
 from broker.serving.config import ConfigError, from_mapping
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.observability.metrics.httpc import RawHTTP
+from tests.tlsfiles import server_cert
 
 
 @pytest.fixture(scope="module")
 def tls_metrics(tmp_path_factory):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    d = tmp_path_factory.mktemp("metrics-tls")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(d / "m.pem"))
-    cert.private_key_pem.write_to_path(str(d / "m.key"))
-    config = f'[metrics]\ntls_cert = "{d / "m.pem"}"\ntls_key = "{d / "m.key"}"\n'
-    with BrokerProcess(config) as b:
+    cert = server_cert(tmp_path_factory.mktemp("metrics-tls"), "m")
+    with BrokerProcess(cert.section("metrics")) as b:
         ctx = ssl.create_default_context()
-        ca.configure_trust(ctx)
+        cert.ca.configure_trust(ctx)
         yield b, ctx
 
 
@@ -65,13 +60,9 @@ def test_cert_without_key_is_refused():
 
 
 async def test_a_required_client_certificate_opens_the_listing_off_loopback(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "m.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "m.key"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    config = (f'[metrics]\nhost = "0.0.0.0"\ntls_cert = "{tmp_path / "m.pem"}"\n'
-              f'tls_key = "{tmp_path / "m.key"}"\ntls_ca = "{tmp_path / "ca.pem"}"\n'
+    cert = server_cert(tmp_path, "m")
+    ca = cert.ca
+    config = (cert.section("metrics") + f'host = "0.0.0.0"\ntls_ca = "{cert.ca_pem}"\n'
               'tls_client_auth = "require"\n')
     with BrokerProcess(config) as b:
         addr = ("127.0.0.1", b.addr["metrics"][1])

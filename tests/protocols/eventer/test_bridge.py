@@ -7,13 +7,13 @@ import ssl
 
 import pytest
 import trio
-import trustme
 
 from clients.skan import SkanClient
 from tests.brokerproc import BrokerProcess
 from tests.hatpeer import PeerProcess
 from tests.peerenv import EVENTER09_PEER
 from tests.ports import listener_port as free_port
+from tests.tlsfiles import server_cert
 from toolkit.eventer_client import EventerClient
 from wire.eventer import Status
 
@@ -118,16 +118,10 @@ async def test_refused_token_keeps_retrying_without_harm():
 
 
 async def test_broker_to_broker_over_tls(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "b.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "b.key"))
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    upstream_cfg = (f'[eventer]\ntls_cert = "{tmp_path / "b.pem"}"\n'
-                    f'tls_key = "{tmp_path / "b.key"}"\ntoken = "tok"\n')
-    with BrokerProcess(upstream_cfg) as up:
+    cert = server_cert(tmp_path, "b")
+    with BrokerProcess(cert.section("eventer") + 'token = "tok"\n') as up:
         port = up.addr["eventer"][1]
-        down_cfg = bridge_config(port, tls="true", tls_ca=json.dumps(str(tmp_path / "ca.pem")))
+        down_cfg = bridge_config(port, tls="true", tls_ca=json.dumps(str(cert.ca_pem)))
         with BrokerProcess(down_cfg) as down:
             async with SkanClient.connect(*up.skan) as up_c, \
                     SkanClient.connect(*down.skan) as down_c:

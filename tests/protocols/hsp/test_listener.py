@@ -6,7 +6,6 @@ import ssl
 
 import pytest
 import trio
-import trustme
 
 from clients.hsp import HSPClient, HSPError, SkanOverHSP
 from clients.skan import SkanClient
@@ -14,6 +13,7 @@ from tests.brokerproc import BrokerProcess
 from tests.observability.metrics.httpc import scrape
 from tests.rawhsp import RawHSP
 from tests.rawskan import RawSkan
+from tests.tlsfiles import server_cert
 from wire.hsp import Ack, Data, DataAck, Error, Ping, Pong
 from wire.hsp import encode as hsp_encode
 from wire.skan import encode
@@ -335,15 +335,10 @@ async def test_idle_peer_is_pinged_and_closed_when_silent():
 
 
 async def test_hsp_over_tls(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "broker.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "broker.key"))
-    config = (f'[hsp]\ntls_cert = "{tmp_path / "broker.pem"}"\n'
-              f'tls_key = "{tmp_path / "broker.key"}"\n')
+    cert = server_cert(tmp_path)
     ctx = ssl.create_default_context()
-    ca.configure_trust(ctx)
-    with BrokerProcess(config) as proc:
+    cert.ca.configure_trust(ctx)
+    with BrokerProcess(cert.section("hsp")) as proc:
         async with (
             SkanOverHSP.connect(*proc.addr["hsp"], ssl_context=ctx) as sub,
             SkanClient.connect(*proc.skan) as pub,

@@ -11,12 +11,12 @@ import time
 
 import pytest
 import trio
-import trustme
 
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
 from tests.rawmariner import RawMariner
 from tests.rawskan import RawSkan
+from tests.tlsfiles import server_cert
 from toolkit.mariner_client import MarinerClient, MarinerClosed
 from wire import mariner as mw
 from wire.skan import encode_frame
@@ -419,14 +419,10 @@ async def test_slow_mariner_consumer_is_disconnected_and_counted():
 
 
 async def test_tls_listener(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "b.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "b.key"))
-    config = f'[mariner]\ntls_cert = "{tmp_path / "b.pem"}"\ntls_key = "{tmp_path / "b.key"}"\n'
-    with BrokerProcess(config) as b:
+    cert = server_cert(tmp_path, "b")
+    with BrokerProcess(cert.section("mariner")) as b:
         ctx = ssl.create_default_context()
-        ca.configure_trust(ctx)
+        cert.ca.configure_trust(ctx)
         async with (
             mariner(b, subscriptions=[("sec", "*")], ssl_context=ctx) as m,
             SkanClient.connect(*b.skan) as pub,
