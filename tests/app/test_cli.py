@@ -13,6 +13,7 @@ import trio
 from broker.serving import config as cfgmod
 from clients.skan import SkanClient
 from tests.brokerproc import ROOT, BrokerProcess
+from tests.cliproc import read_lines, start_subscriber
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -168,27 +169,11 @@ async def test_listening_lines_and_graceful_stop(sig):
 async def test_skan_command_pub_sub_stats(broker):
     host, port = broker.skan
     base = [sys.executable, "-m", "clients.cli", "--host", host, "--port", str(port)]
-    sub = await trio.lowlevel.open_process(
-        [*base, "sub", "cli", "--count", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=ENV,
-    )
-    # wait until the subscription is in place (the command says so on stderr)
-    line = b""
-    with trio.fail_after(20):
-        while b"subscribed" not in line:
-            line += await sub.stderr.receive_some(1024)
+    sub = await start_subscriber([*base, "sub", "cli", "--count", "2"], ENV)
     pub = await trio.run_process([*base, "pub", "cli", "hello"], env=ENV, capture_stdout=True)
     assert pub.returncode == 0
     pub = await trio.run_process([*base, "pub", "cli", '{"n": [1, null]}', "--json"], env=ENV)
-    out = b""
-    with trio.fail_after(20):
-        while out.count(b"\n") < 2:
-            chunk = await sub.stdout.receive_some(4096)
-            if not chunk:
-                break
-            out += chunk
-    await sub.wait()
-    lines = out.decode().splitlines()
+    lines = await read_lines(sub, 2)
     assert lines[0].startswith("[cli/*]") and lines[0].endswith(": hello")
     assert lines[1].endswith(': {"n": ["1", null]}')
     stats = await trio.run_process([*base, "stats"], env=ENV, capture_stdout=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 import trio
 
 from tests.brokerproc import ROOT, BrokerProcess
+from tests.cliproc import read_lines, start_subscriber
 
 pytestmark = pytest.mark.trio
 
@@ -27,27 +27,12 @@ async def test_pub_sub_stats_over_hsp(small_broker):
     host, port = small_broker.addr["hsp"]
     base = [sys.executable, "-m", "clients.cli", "--protocol", "hsp", "--host", host,
             "--port", str(port)]
-    sub = await trio.lowlevel.open_process(
-        [*base, "sub", "cli-hsp", "--count", "2"], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=ENV,
-    )
-    line = b""
-    with trio.fail_after(20):
-        while b"subscribed" not in line:
-            line += await sub.stderr.receive_some(1024)
+    sub = await start_subscriber([*base, "sub", "cli-hsp", "--count", "2"], ENV)
     for extra in ([], ["--acked"]):
         pub = await trio.run_process([*base, "pub", "cli-hsp", f"hello{extra}", *extra],
                                      env=ENV, check=False)
         assert pub.returncode == 0
-    out = b""
-    with trio.fail_after(20):
-        while out.count(b"\n") < 2:
-            chunk = await sub.stdout.receive_some(4096)
-            if not chunk:
-                break
-            out += chunk
-    await sub.wait()
-    lines = out.decode().splitlines()
+    lines = await read_lines(sub, 2)
     assert lines[0].endswith(": hello[]") and lines[1].endswith(": hello['--acked']")
     stats = await trio.run_process([*base, "stats"], env=ENV, capture_stdout=True)
     assert "hsp=" in stats.stdout.decode()
