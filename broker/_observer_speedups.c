@@ -19,6 +19,11 @@
  * router's, a header that is not a dict, a non-float timestamp) makes it
  * return NotImplemented, and the caller runs the reference instead.
  *
+ * merge_rows: consecutive queued store rows (each a batch_row) of one type
+ * as one run, for the store's writer thread (merge_rows_py in
+ * broker/store/batch_rows.py is the reference, held to it on random queues
+ * in tests/store/test_speedups.py).
+ *
  * batch_key and run_parts: what the cluster backplane of the publishing
  * broker reads of a routing batch (broker/cluster/subject_runs.py: batch_key_py
  * and run_parts_py are the references; tests/cluster/test_run_speedups.py
@@ -280,6 +285,205 @@ done:
     Py_XDECREF(ts_b);
     Py_XDECREF(dl_b);
     Py_XDECREF(off_b);
+    return result;
+#endif
+}
+
+/* One queued store row (ops[i] == (row_kind, row, ...), row from batch_row):
+ * borrowed references into its tuple, and its numbers. */
+typedef struct {
+    long long session, first, last, nbytes, n;
+    double min_ts, max_ts;
+    PyObject *grp, *inst, *ts, *dl, *off, *frames;
+} queued_row;
+
+static inline int
+exact_long(PyObject *v, long long *out)
+{
+    if (!PyLong_CheckExact(v))
+        return 2;
+    *out = PyLong_AsLongLong(v);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 2;
+    }
+    return 0;
+}
+
+/* Reads ops[i]: 0 a row of row_kind, 1 another operation (a merge ends
+ * there), 2 not the shape the writer queues (the reference answers), -1 on
+ * error.  Every size the merge copies by is checked here. */
+static int
+read_queued_row(PyObject *op, long long row_kind, queued_row *q)
+{
+    long long kind;
+    if (!PyTuple_CheckExact(op))
+        return 1;
+    if (PyTuple_GET_SIZE(op) < 2 || exact_long(PyTuple_GET_ITEM(op, 0), &kind) != 0)
+        return 2;
+    if (kind != row_kind)
+        return 1;
+    PyObject *r = PyTuple_GET_ITEM(op, 1);
+    if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) != 13)
+        return 2;
+    PyObject *const *it = &PyTuple_GET_ITEM(r, 0);
+    if (exact_long(it[0], &q->session) || exact_long(it[1], &q->first)
+        || exact_long(it[2], &q->last) || exact_long(it[8], &q->nbytes)
+        || !PyFloat_CheckExact(it[5]) || !PyFloat_CheckExact(it[6]) || it[7] != Py_None)
+        return 2;
+    for (int k = 3; k <= 12; k++)
+        if ((k <= 4 || k >= 9) && !PyBytes_CheckExact(it[k]))
+            return 2;
+    q->min_ts = PyFloat_AS_DOUBLE(it[5]);
+    q->max_ts = PyFloat_AS_DOUBLE(it[6]);
+    q->grp = it[3];
+    q->inst = it[4];
+    q->ts = it[9];
+    q->dl = it[10];
+    q->off = it[11];
+    q->frames = it[12];
+    if (q->last < q->first || q->last - q->first >= (long long)(1 << 30) || q->nbytes < 0)
+        return 2;
+    q->n = q->last - q->first + 1;
+    Py_ssize_t n = (Py_ssize_t)q->n;
+    if (PyBytes_GET_SIZE(q->ts) != 8 * n || PyBytes_GET_SIZE(q->dl) != 8 * n
+        || PyBytes_GET_SIZE(q->off) != 8 * (n + 1)
+        || PyBytes_GET_SIZE(q->frames) != (Py_ssize_t)q->nbytes)
+        return 2;
+    return 0;
+}
+
+/* merge_rows(ops, start, end, row_kind, max_run, max_run_bytes, max_span):
+ * (j, row, events) as broker/store/batch_rows.py merge_rows_py returns it, or
+ * NotImplemented. */
+static PyObject *
+merge_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_CheckExact(args[0]))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* packed little-endian: the reference swaps */
+#else
+    PyObject *ops = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    long long row_kind = PyLong_AsLongLong(args[3]);
+    Py_ssize_t max_run = PyLong_AsSsize_t(args[4]);
+    long long max_bytes = PyLong_AsLongLong(args[5]);
+    double max_span = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (end > PyList_GET_SIZE(ops))
+        end = PyList_GET_SIZE(ops);
+    if (start < 0 || start >= end || max_run < 1)
+        return not_here();
+    /* Each merged row holds at least one event: at most max_run of them. */
+    Py_ssize_t cap = end - start < max_run ? end - start : max_run;
+    queued_row *q = PyMem_Malloc((size_t)cap * sizeof(queued_row));
+    if (q == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL, *ts_b = NULL, *dl_b = NULL, *off_b = NULL, *fr_b = NULL;
+    PyObject *ids_b = NULL;
+    int rc = read_queued_row(PyList_GET_ITEM(ops, start), row_kind, &q[0]);
+    if (rc != 0) {
+        result = rc < 0 ? NULL : not_here();
+        goto done;
+    }
+    long long n = q[0].n, nbytes = q[0].nbytes;
+    long long last_session = q[0].session, last = q[0].last;
+    double min_ts = q[0].min_ts, max_ts = q[0].max_ts;
+    int contiguous = 1;
+    Py_ssize_t k = 1; /* rows merged */
+    Py_ssize_t j = start + 1;
+    for (; j < end && k < cap; j++) {
+        queued_row *r = &q[k];
+        rc = read_queued_row(PyList_GET_ITEM(ops, j), row_kind, r);
+        if (rc == 1)
+            break;
+        if (rc != 0) {
+            result = rc < 0 ? NULL : not_here();
+            goto done;
+        }
+        int eq = same_bytes(r->grp, q[0].grp);
+        if (eq == 1)
+            eq = same_bytes(r->inst, q[0].inst);
+        if (eq < 0)
+            goto done;
+        if (!eq || !(r->min_ts >= max_ts) || !(r->max_ts - min_ts <= max_span)
+            || n + r->n > (long long)max_run || nbytes + r->nbytes > max_bytes
+            || !(r->session > last_session || (r->session == last_session && r->first > last)))
+            break;
+        if (r->session != last_session || r->first != last + 1)
+            contiguous = 0;
+        last_session = r->session;
+        last = r->last;
+        max_ts = r->max_ts;
+        n += r->n;
+        nbytes += r->nbytes;
+        k++;
+    }
+    PyObject *first_row = PyTuple_GET_ITEM(PyList_GET_ITEM(ops, start), 1);
+    if (k == 1) {
+        PyObject *row = PyTuple_New(14);
+        if (row == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < 13; i++)
+            PyTuple_SET_ITEM(row, i, Py_NewRef(PyTuple_GET_ITEM(first_row, i)));
+        PyTuple_SET_ITEM(row, 13, Py_NewRef(Py_None));
+        result = Py_BuildValue("(nNL)", j, row, n);
+        goto done;
+    }
+    ts_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * n));
+    dl_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * n));
+    off_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * (n + 1)));
+    fr_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
+    if (!contiguous)
+        ids_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(16 * n));
+    if (ts_b == NULL || dl_b == NULL || off_b == NULL || fr_b == NULL
+        || (!contiguous && ids_b == NULL))
+        goto done;
+    char *ts_out = PyBytes_AS_STRING(ts_b), *dl_out = PyBytes_AS_STRING(dl_b);
+    char *fr_out = PyBytes_AS_STRING(fr_b);
+    long long *ids_out = ids_b ? (long long *)PyBytes_AS_STRING(ids_b) : NULL;
+    char *off_out = PyBytes_AS_STRING(off_b);
+    long long zero = 0, base = 0;
+    memcpy(off_out, &zero, 8);
+    off_out += 8;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        queued_row *r = &q[i];
+        size_t sz = (size_t)(8 * r->n);
+        memcpy(ts_out, PyBytes_AS_STRING(r->ts), sz);
+        memcpy(dl_out, PyBytes_AS_STRING(r->dl), sz);
+        memcpy(fr_out, PyBytes_AS_STRING(r->frames), (size_t)r->nbytes);
+        ts_out += sz;
+        dl_out += sz;
+        fr_out += r->nbytes;
+        const char *o = PyBytes_AS_STRING(r->off) + 8;
+        for (long long m = 0; m < r->n; m++, o += 8, off_out += 8) {
+            long long v;
+            memcpy(&v, o, 8);
+            v += base;
+            memcpy(off_out, &v, 8);
+        }
+        base += r->nbytes;
+        if (ids_out != NULL)
+            for (long long inst = r->first; inst <= r->last; inst++) {
+                long long pair[2] = {r->session, inst};
+                memcpy(ids_out, pair, 16);
+                ids_out += 2;
+            }
+    }
+    PyObject *const *f = &PyTuple_GET_ITEM(first_row, 0);
+    result = Py_BuildValue("(n(OOLOOOdOLOOOOO)L)", j, f[0], f[1], last, f[3], f[4], f[5],
+                           max_ts, Py_None, nbytes, ts_b, dl_b, off_b, fr_b,
+                           ids_b ? ids_b : Py_None, n);
+done:
+    PyMem_Free(q);
+    Py_XDECREF(ts_b);
+    Py_XDECREF(dl_b);
+    Py_XDECREF(off_b);
+    Py_XDECREF(fr_b);
+    Py_XDECREF(ids_b);
     return result;
 #endif
 }
@@ -819,6 +1023,10 @@ static PyMethodDef methods[] = {
     FASTCALL(batch_row,
              "batch_row(batch, source_tag, max_run, max_run_bytes, max_span): the store row of "
              "a one-run batch, None, or NotImplemented (see broker/store/batch_rows.py)."),
+    FASTCALL(merge_rows,
+             "merge_rows(ops, start, end, row_kind, max_run, max_run_bytes, max_span): "
+             "(j, row, events) for the queued rows ops[start:j] as one run, or NotImplemented "
+             "(see broker/store/batch_rows.py)."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -196,6 +196,9 @@ if not PURE_PYTHON:
         _batch_row_c = None
     else:
         BATCH_ROW_IMPLEMENTATION = "c"
+_merge_rows_c = None
+if _batch_row_c is not None:
+    from broker._observer_speedups import merge_rows as _merge_rows_c
 
 
 def batch_row(batch: list[Routed]) -> tuple | None:
@@ -205,6 +208,72 @@ def batch_row(batch: list[Routed]) -> tuple | None:
         if row is not NotImplemented:
             return row
     return batch_row_py(batch)
+
+
+def merge_rows_py(ops: list, start: int, end: int, row_kind: int,
+                  max_run: int = MAX_RUN, max_bytes: int = MAX_RUN_BYTES,
+                  max_span: float = MAX_RUN_SPAN) -> tuple[int, tuple, int]:
+    """Consecutive batch rows of one type merged into one run: ``(j, row, events)``.
+
+    ``ops[start]`` is a queued row (``(row_kind, row, ...)``, ``row`` from
+    :func:`batch_row`); the rows after it up to ``end`` join it while they
+    are rows too, of the same type, timestamps do not go back, and the run
+    stays within the bounds.  ``ops[start:j]`` are merged: ``row`` is the
+    run's 14 columns (``ids`` packed when its events are not consecutive
+    instances of one session), ``events`` how many it holds.  Independent
+    publishers' messages (one routing batch, so one row, each) thereby
+    become a run per flush without Python code per message in the writer.
+    """
+    first_row = ops[start][1]
+    session, first, last, grp, inst, min_ts, max_ts = first_row[:7]
+    n = last - first + 1
+    nbytes = first_row[8]
+    last_session = session
+    contiguous = True
+    j = start + 1
+    while j < end:
+        op = ops[j]
+        if type(op) is not tuple or op[0] != row_kind:
+            break
+        r = op[1]
+        rn = r[2] - r[1] + 1
+        if not (r[3] == grp and r[4] == inst and r[5] >= max_ts and r[6] - min_ts <= max_span
+                and n + rn <= max_run and nbytes + r[8] <= max_bytes
+                and (r[0], r[1]) > (last_session, last)):
+            break
+        if r[0] != last_session or r[1] != last + 1:
+            contiguous = False
+        last_session, last, max_ts = r[0], r[2], r[6]
+        n += rn
+        nbytes += r[8]
+        j += 1
+    if j == start + 1:
+        return j, (*first_row, None), n
+    rows = [op[1] for op in ops[start:j]]
+    offsets = [0]
+    base = 0
+    for r in rows:
+        offsets += [base + o for o in unpack("q", r[11])[1:]]
+        base += r[8]
+    ids = None
+    if not contiguous:
+        pairs: list[int] = []
+        for r in rows:
+            for i in range(r[1], r[2] + 1):
+                pairs += (r[0], i)
+        ids = pack("q", pairs)
+    return j, (session, first, last, grp, inst, min_ts, max_ts, None, nbytes,
+               b"".join([r[9] for r in rows]), b"".join([r[10] for r in rows]),
+               pack("q", offsets), b"".join([r[12] for r in rows]), ids), n
+
+
+def merge_rows(ops: list, start: int, end: int, row_kind: int) -> tuple[int, tuple, int]:
+    """Consecutive queued rows as one run (see :func:`merge_rows_py`)."""
+    if _merge_rows_c is not None:
+        merged = _merge_rows_c(ops, start, end, row_kind, MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN)
+        if merged is not NotImplemented:
+            return merged
+    return merge_rows_py(ops, start, end, row_kind)
 
 
 # Columns a reader selects to decode a run (see decode()).

@@ -83,3 +83,101 @@ def test_what_it_does_not_handle_is_left_to_the_reference():
     assert runs.batch_row(batch) == runs.batch_row_py(batch)
     assert runs._batch_row_c((), b"x", 1, 1, 1.0) is NotImplemented  # not a list
 
+
+
+# A queue as the store's writer sees it: routing batches (each queued as its
+# row when it is one run, else as the list), with other operations between.
+# A routing batch ends its session (end_batch: an independent publisher's
+# write) or only hands over what it routed so far (hand_over: the session
+# goes on, as between the slices of one large read).
+segment = st.one_of(
+    st.tuples(st.lists(message, min_size=1, max_size=4), st.booleans() | st.just(True)),
+    st.sampled_from(["lost", "spool"]),
+)
+ROW = 4  # broker.store.writer.ROW: the row_kind argument
+
+
+def queued(segments) -> list:
+    clock = Clock()
+    router = Router(clock=clock)
+    sender = Sender()
+    router.attach(sender)
+    batches: list[list] = []
+    router.local_observers.append(batches.append)
+    ops: list = []
+    for seg in segments:
+        if isinstance(seg, str):
+            ops.append((0, 1, 2, 3) if seg == "lost" else (1, "bridge", 1, 2, 0.5, b"frame"))
+            continue
+        messages, new_session = seg
+        for i, ((group, instance), size, src, step) in enumerate(messages):
+            clock.now += step
+            sent = events.send_for_event(
+                (group, instance), events.JsonPayload("y" * size), sender=sender.lname, seq=i,
+                source_timestamp=1_600_000_000.5 if src else None)
+            router.route(sender, sent.frame, sent.header)
+        if new_session:
+            router.end_batch()
+        else:
+            router.hand_over()
+        batch = batches.pop()
+        row = runs.batch_row_py(batch)
+        ops.append(batch if row is None else
+                   (ROW, row, batch[-1].timestamp, batch[-1].delivered, batch[-1].frame))
+    return ops
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(segments=st.lists(segment, min_size=1, max_size=30),
+       max_run=st.sampled_from([2, 5, 4096]), max_bytes=st.sampled_from([400, 3000, 1 << 20]),
+       max_span=st.sampled_from([0.25, 1.0]))
+def test_compiled_merge_rows_equals_the_reference(segments, max_run, max_bytes, max_span):
+    """Queued rows merged into runs, in C and in the reference, from every start."""
+    ops = queued(segments)
+    for start, op in enumerate(ops):
+        if type(op) is not tuple or op[0] != ROW:
+            continue
+        for end in {start + 1, min(start + 3, len(ops)), len(ops)}:
+            expected = runs.merge_rows_py(ops, start, end, ROW, max_run, max_bytes, max_span)
+            got = runs._merge_rows_c(ops, start, end, ROW, max_run, max_bytes, max_span)
+            assert repr(got) == repr(expected)  # NaN timestamps included
+
+
+def test_merged_rows_decode_to_their_messages():
+    """A run merged from independent publishers' rows (each its own session) holds
+    every message with its EventId, in order, whichever implementation merged it."""
+    ops = queued([([(("g", "1"), 20 + k, False, 1e-6)], True) for k in range(6)]
+                 + [([(("g", "1"), 30, False, 1e-6)] * 3, True)])
+    rows = [op[1] for op in ops]
+    want = [(r[0], r[1] + m) for r in rows for m in range(r[2] - r[1] + 1)]
+    merges = [runs.merge_rows_py]
+    if runs._merge_rows_c is not None:
+        merges.append(runs._merge_rows_c)
+    for merge in merges:
+        j, row, n = merge(ops, 0, len(ops), ROW, 4096, 1 << 20, 1.0)
+        assert (j, n) == (len(ops), 9)
+        assert row[13] is not None  # across sessions: the EventIds are kept
+        # decode() takes the columns in RUN_COLUMNS order.
+        got = list(runs.decode(row[:5] + row[9:13] + (row[7], row[13])))
+        assert [(e[0], e[1]) for e, _ in got] == want
+        frames = b"".join(op[1][12] for op in ops)
+        assert b"".join(e[3] for e, _ in got) == frames
+
+
+@needs_c
+def test_merge_rows_leaves_what_it_does_not_expect_to_the_reference():
+    ops = queued([([(("g", "1"), 10, False, 0.0)], True)] * 3)
+    bad = list(ops)
+    bad[1] = (ROW, ops[1][1][:12], *ops[1][2:])  # a row missing a column
+    assert runs._merge_rows_c(bad, 0, 3, ROW, 4096, 1 << 20, 1.0) is NotImplemented
+    odd = list(ops)
+    row = list(ops[2][1])
+    row[9] = row[9][:-1]  # timestamps not 8 bytes a message
+    odd[2] = (ROW, tuple(row), *ops[2][2:])
+    assert runs._merge_rows_c(odd, 0, 3, ROW, 4096, 1 << 20, 1.0) is NotImplemented
+    assert runs._merge_rows_c(ops, 3, 3, ROW, 4096, 1 << 20, 1.0) is NotImplemented
+    assert runs._merge_rows_c((), 0, 1, ROW, 4096, 1 << 20, 1.0) is NotImplemented
+    # Another operation ends a merge; it is not a malformed row.
+    mixed = [ops[0], (0, 1, 2, 3), ops[1]]
+    assert runs._merge_rows_c(mixed, 0, 3, ROW, 4096, 1 << 20, 1.0)[0] == 1
