@@ -415,11 +415,15 @@ class StoreWriter:
         self.stats = StoreStats()
         self._conn, _ = open_store(directory, verify=verify)
         # SQLite's own checkpoint once the WAL holds wal_bytes of pages, and
-        # the WAL file cut back to wal_bytes when it restarts (_keep_wal_small
+        # the WAL file cut back to twice that when it restarts (_keep_wal_small
         # truncates it when a reader kept the automatic one from finishing).
+        # Twice: a cycle ends a little past wal_bytes (frame headers, the last
+        # commit), and cutting the file back to wal_bytes at every restart
+        # made the last commits of every cycle grow it again (an ftruncate
+        # every 0.6 s at 10,000 msgs/s, strace).
         page = self._conn.execute("PRAGMA page_size").fetchone()[0]
         self._conn.execute(f"PRAGMA wal_autocheckpoint = {max(1, self.wal_bytes // page)}")
-        self._conn.execute(f"PRAGMA journal_size_limit = {self.wal_bytes}")
+        self._conn.execute(f"PRAGMA journal_size_limit = {2 * self.wal_bytes}")
         meta = read_meta(self._conn)
         self.count = int(meta["count"])
         self.bytes = int(meta["bytes"])
