@@ -20,6 +20,13 @@ import io
 
 import numpy as np
 import pyarrow as pa
+
+# Imported here, not by pyarrow on the first Array.take: that import (30-50 ms
+# of Python) ran in the writer thread at the first hand-off, holding the
+# interpreter the routing thread needed (a fresh broker's first 100 ms of
+# traffic had latencies up to 60 ms).  RoutingLog's constructor loads this
+# module before the broker serves.
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
@@ -106,7 +113,7 @@ def columns_to_table(cols: Columns, table: PartsTable | None = None) -> pa.Table
     parts = (table if table is not None else PartsTable()).update(cols)
     keys = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(cols.keys)])
     # One take for the ten repeated columns (one call, one pass).
-    picked = parts.take(keys)
+    picked = pc.take(parts, keys)
     server, lname, proto, user, group, instance, to, recipients, delivered, undeliverable = (
         picked.field(i) for i in range(len(_PART_FIELDS)))
     return pa.Table.from_arrays([

@@ -136,7 +136,9 @@ class RoutingLog:
             raise ValueError(f"format {format!r} / when_full {when_full!r}")
         if format == "parquet":
             # pyarrow now, not at the first hand-off: its import (~0.5 s, ~75 MiB
-            # of libraries) would hold the GIL while routing runs.
+            # of libraries) would hold the GIL while routing runs.  The module
+            # also imports pyarrow.compute, which pyarrow itself would import
+            # at the first Array.take.
             from broker.observability.routelog import parquet  # noqa: F401
         self.directory = directory
         self.format = format

@@ -244,3 +244,33 @@ def test_dropped_batches_still_give_the_writer_their_parts(tmp_path):
     want = {r["seq"]: r for r in records(routed + later + again)}
     assert all(r == want[r["seq"]] for r in got)
     assert [r["seq"] for r in got[-len(again):]] == [str(200 + i) for i in range(0, 40, 5)]
+
+
+def test_parquet_modules_load_before_the_broker_serves(tmp_path):
+    """pyarrow (and pyarrow.compute, which Array.take would import on its first call)
+    load when the Parquet log is made, before the broker serves: imported at the first
+    hand-off instead, they held the interpreter in the writer thread while routing
+    waited (a fresh broker's first 100 ms of traffic saw latencies up to 60 ms)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys
+        from broker.observability.routelog.files import LogDirectory
+        from broker.observability.routelog.writer import RoutingLog
+        d = LogDirectory({str(tmp_path)!r}, 1)
+        d.open()
+        before = "pyarrow.compute" in sys.modules
+        rl = RoutingLog(d, rotate_bytes=1 << 30, rotate_seconds=3600.0, queue_records=1000,
+                        when_full="backpressure", format="parquet")
+        print(before, "pyarrow.compute" in sys.modules)
+        rl.start()
+        rl.stop()
+        rl.join()
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
