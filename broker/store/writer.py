@@ -146,9 +146,10 @@ class StoreStats:
     spool_lost: int = counter(
         "skan_store_spool_lost_operations",
         "Bridge spool operations of failed commits dropped by the retry bound.")
-    # WAL checkpoints with truncation (the WAL file passed twice its bound: a
-    # reader's snapshot kept SQLite's own checkpoint from finishing) and those
-    # a reader's snapshot kept from completing (retried after the next commit).
+    # WAL checkpoints with truncation (the WAL file passed twice its cycle:
+    # after a transaction larger than the cycle, or a reader's snapshot kept
+    # SQLite's own checkpoint from finishing) and those a reader's snapshot
+    # kept from completing (retried after the next commit).
     checkpoints: int = 0
     checkpoints_busy: int = 0
     # Writer processes that ended unasked ([store] writer = "process";
