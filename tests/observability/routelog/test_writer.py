@@ -3,6 +3,7 @@ drop, counted), the lag of the oldest waiting record, stop flushes all."""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from broker.core.router import NORMAL, Router
 from broker.observability.routelog import parquet
+from broker.observability.routelog.columns import ColumnBuffer
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
 from tests.observability.routelog.logfiles import read_log
@@ -274,3 +276,31 @@ def test_parquet_modules_load_before_the_broker_serves(tmp_path):
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_row_group_reaches_the_python_sink_in_one_write(monkeypatch):
+    """Arrow's buffer in front of the Python sink: each write to it takes the GIL from
+    the routing thread, so a row group goes over in one write, not one per page."""
+    writes = []
+    original = parquet._Sink.write
+
+    def counted(self, b):
+        writes.append(len(b))
+        return original(self, b)
+
+    monkeypatch.setattr(parquet._Sink, "write", counted)
+    router = Router(hostname="test")
+    buffer = parquet.PartsTable()
+    cols = ColumnBuffer(1 << 20, lambda: None, router)
+    router.observers.append(cols.observe)
+    pub, sub = sink(router), sink(router)
+    router.subscribe(sub, b"g", b"*", NORMAL)
+    for i in range(20_000):
+        send(router, pub, seq=str(i).encode())
+    table = parquet.columns_to_table(cols.take(), buffer)
+    encoder = parquet.ParquetEncoder()
+    writes.clear()
+    data = encoder.row_group([table])
+    assert len(writes) == 1 and writes[0] == len(data) > 0
+    tail = encoder.finish()
+    assert pq.read_table(io.BytesIO(data + tail)).num_rows == 20_000
