@@ -198,7 +198,10 @@ if not PURE_PYTHON:
         BATCH_ROW_IMPLEMENTATION = "c"
 _merge_rows_c = None
 if _batch_row_c is not None:
-    from broker._observer_speedups import merge_rows as _merge_rows_c
+    try:
+        from broker._observer_speedups import merge_rows as _merge_rows_c
+    except ImportError:  # pragma: no cover - an extension built before merge_rows
+        _merge_rows_c = None
 
 
 def batch_row(batch: list[Routed]) -> tuple | None:

@@ -21,9 +21,10 @@ def test_observer_implementation_matches_the_mode():
     from wire.skan.codec import PURE_PYTHON
 
     if PURE_PYTHON:
-        assert runs._batch_row_c is None and record._lines_c is None
+        assert runs._batch_row_c is None and runs._merge_rows_c is None and record._lines_c is None
     else:
-        assert runs.BATCH_ROW_IMPLEMENTATION == "c" and record._lines_c is not None, (
+        assert (runs.BATCH_ROW_IMPLEMENTATION == "c" and record._lines_c is not None
+                and runs._merge_rows_c is not None), (
             "broker/_observer_speedups is not built: run `pip install -e .` (or make venv)")
 
 
