@@ -285,11 +285,12 @@ class StoreSection:
     dir: str = ""
     # Seconds the writer gathers routed messages into one transaction: bounds
     # what a power loss or SIGKILL can take and how late persisted
-    # notifications come.  10 ms: the spec's "a few milliseconds".  A commit
-    # costs 0.4-0.5 ms of CPU whatever it holds, so 25 ms saves 3-4 us of
-    # CPU per message at 10,000 msgs/s; the p99 of 25 and 50 ms measured
-    # the same as 10 ms or better, within the benchmark machine's noise
-    # (docs/store.md, "Choosing flush_interval").
+    # notifications come.  10 ms: the spec's "a few milliseconds".  In the
+    # broker a commit costs about 1 ms of CPU whatever it holds (0.4-0.5 ms
+    # back to back; the writer sleeps this long before each one), so 25 ms
+    # saves 3-4 us of CPU per message at 10,000 msgs/s; the p99 of 25 and
+    # 50 ms measured the same as 10 ms or better, within the benchmark
+    # machine's noise (docs/store.md, "Choosing flush_interval").
     flush_interval: float = attrs.field(default=0.01, validator=_positive)
     # Frame bytes each HSP/Eventer bridge keeps spooled (0: no byte bound);
     # beyond it the oldest spooled messages go first, as NATS JetStream's
