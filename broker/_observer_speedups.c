@@ -22,7 +22,8 @@
  * merge_rows: consecutive queued store rows (each a batch_row) of one type
  * as one run, for the store's writer thread (merge_rows_py in
  * broker/store/batch_rows.py is the reference, held to it on random queues
- * in tests/store/test_speedups.py).
+ * in tests/store/test_speedups.py).  merge_rows_py is the one statement of
+ * what continues a run; batch_row_py is written with it.
  *
  * batch_key and run_parts: what the cluster backplane of the publishing
  * broker reads of a routing batch (broker/cluster/subject_runs.py: batch_key_py

@@ -32,8 +32,8 @@ import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
-from itertools import accumulate, islice, repeat
-from operator import attrgetter, contains, itemgetter, le
+from itertools import repeat
+from operator import attrgetter, contains
 from typing import TYPE_CHECKING
 
 from broker.core.events import SOURCE_TIMESTAMP_TAG
@@ -70,117 +70,41 @@ def unpack(kind: str, data: bytes) -> array:
     return a
 
 
-class RunBuilder:
-    """Collects one run in the writer thread."""
-
-    __slots__ = (
-        "delivered",
-        "first",
-        "frames",
-        "grp",
-        "ids",
-        "inst",
-        "last",
-        "last_session",
-        "nbytes",
-        "session",
-        "src",
-        "ts",
-    )
-
-    def __init__(self, session: int, instance: int, grp: bytes, inst: bytes, src: int | None,
-                 ts: float, delivered: int, frame: bytes) -> None:
-        self.session = self.last_session = session
-        self.first = self.last = instance
-        self.grp = grp
-        self.inst = inst
-        self.src = src
-        self.ts = [ts]
-        self.delivered = [delivered]
-        self.frames = [frame]
-        self.nbytes = len(frame)
-        # EventIds as (session, instance, ...) once the run spans sessions.
-        self.ids: list[int] | None = None
-
-    def takes(self, session: int, instance: int, grp: bytes, inst: bytes, ts: float,
-              size: int) -> bool:
-        """Whether the event continues this run (the writer's loop inlines the same test)."""
-        return (self.src is None and (session, instance) > (self.last_session, self.last)
-                and grp == self.grp and inst == self.inst and ts >= self.ts[-1]
-                and ts - self.ts[0] <= MAX_RUN_SPAN and len(self.ts) < MAX_RUN
-                and self.nbytes + size <= MAX_RUN_BYTES)
-
-    def add(self, session: int, instance: int, ts: float, delivered: int, frame: bytes) -> None:
-        if self.ids is not None or session != self.last_session or instance != self.last + 1:
-            ids = self.ids
-            if ids is None:
-                ids = self.ids = []
-                for i in range(self.first, self.last + 1):
-                    ids += (self.session, i)
-            ids += (session, instance)
-            self.last_session = session
-        self.last = instance
-        self.ts.append(ts)
-        self.delivered.append(delivered)
-        self.frames.append(frame)
-        self.nbytes += len(frame)
-
-    def row(self) -> tuple:
-        offsets = [0]
-        total = 0
-        for f in self.frames:
-            total += len(f)
-            offsets.append(total)
-        return (self.session, self.first, self.last, self.grp, self.inst, self.ts[0],
-                self.ts[-1], self.src, self.nbytes, pack("d", self.ts),
-                pack("q", self.delivered), pack("q", offsets), b"".join(self.frames),
-                None if self.ids is None else pack("q", self.ids))
-
-
 _header = attrgetter("header")
-_frame = attrgetter("frame")
-_timestamp = attrgetter("timestamp")
-_delivered = attrgetter("delivered")
-_group = itemgetter(b"group")
-_instance = itemgetter(b"instance")
+
+
+def message_row_py(routed: Routed, src: int | None = None) -> tuple:
+    """One message as a run of its own: the 13 columns of :func:`batch_row`'s row,
+    with ``src`` (source timestamp, µs) as ``src_us``."""
+    frame, ts = routed.frame, routed.timestamp
+    size = len(frame)
+    header = routed.header
+    return (routed.session, routed.instance, routed.instance, header[b"group"],
+            header[b"instance"], ts, ts, src, size, pack("d", [ts]),
+            pack("q", [routed.delivered]), pack("q", [0, size]), frame)
 
 
 def batch_row_py(batch: list[Routed]) -> tuple | None:
     """The row of a routing batch that is one run, or None when it is not.
 
     A publisher's received chunk is one batch: one session, consecutive
-    instances, usually one type throughout.  Then every per-message step
-    here is a C-level call over the list (no Python code per message), and
-    the row equals what :class:`RunBuilder` builds from the same messages.
-    Anything else (several types, a source timestamp, a clock that went
-    back, a bound exceeded) is None: the caller builds runs message by
+    instances, usually one type throughout.  The reference states it with
+    the one rule of what continues a run, :func:`merge_rows_py`: the batch
+    is one run when its messages, each a row of its own, merge into one row
+    whose EventIds are consecutive instances of one session.  A message with
+    a source timestamp makes it None (such a message is a run alone), as
+    does anything else the merge stops at (several types, a clock that went
+    back, a bound exceeded): the writer then merges the batch message by
     message.
     """
-    n = len(batch)
-    first, last = batch[0], batch[-1]
-    session = first.session
-    if (n > MAX_RUN or last.session != session
-            or last.instance - first.instance != n - 1):  # instances only grow
+    if any(map(contains, map(_header, batch), repeat(SOURCE_TIMESTAMP_TAG))):
         return None
-    headers = list(map(_header, batch))
-    if any(map(contains, headers, repeat(SOURCE_TIMESTAMP_TAG, n))):
+    ops = [(0, message_row_py(routed)) for routed in batch]
+    # The bounds are read now (the differential tests lower them).
+    end, row, _ = merge_rows_py(ops, 0, len(ops), 0, MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN)
+    if end < len(ops) or row[13] is not None:
         return None
-    grp, inst = headers[0][b"group"], headers[0][b"instance"]
-    if n > 1 and (list(map(_group, headers)).count(grp) != n
-                  or list(map(_instance, headers)).count(inst) != n):
-        return None
-    ts = list(map(_timestamp, batch))
-    if ts[-1] - ts[0] > MAX_RUN_SPAN or not all(map(le, ts, islice(ts, 1, None))):
-        return None
-    frames = list(map(_frame, batch))
-    offsets = [0]
-    offsets += accumulate(map(len, frames))
-    nbytes = offsets[-1]
-    if nbytes > MAX_RUN_BYTES and n > 1:
-        return None
-    return (session, first.instance, last.instance, grp, inst, ts[0], ts[-1], None, nbytes,
-            pack("d", ts), pack("q", list(map(_delivered, batch))), pack("q", offsets),
-            b"".join(frames))
+    return row[:13]
 
 
 # broker/_observer_speedups.c computes the same row in one C loop (no Python code and
@@ -211,6 +135,17 @@ def batch_row(batch: list[Routed]) -> tuple | None:
         if row is not NotImplemented:
             return row
     return batch_row_py(batch)
+
+
+def message_row(routed: Routed) -> tuple:
+    """One message without a source timestamp as a row (:func:`message_row_py`),
+    built in C where the extension is."""
+    if _batch_row_c is not None:
+        row = _batch_row_c([routed], SOURCE_TIMESTAMP_TAG, MAX_RUN, MAX_RUN_BYTES,
+                           MAX_RUN_SPAN)
+        if row is not NotImplemented and row is not None:
+            return row
+    return message_row_py(routed)
 
 
 def merge_rows_py(ops: list, start: int, end: int, row_kind: int,

@@ -40,12 +40,10 @@ from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.router import Routed, Router
 from broker.core.tally import COUNTER, Family, counter
 from broker.store.batch_rows import (
-    MAX_RUN,
-    MAX_RUN_BYTES,
-    MAX_RUN_SPAN,
-    RunBuilder,
     batch_row,
     merge_rows,
+    message_row,
+    message_row_py,
     run_ids,
     unpack,
 )
@@ -66,8 +64,9 @@ from wire.hattime import split_timestamp
 log = logging.getLogger(__name__)
 
 # Operations queued for the writer thread (first element of each tuple; a
-# routing batch is queued as the list itself).
-LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW = range(5)
+# routing batch is queued as the list itself).  ALONE is the writer's own:
+# a message with a source timestamp, a run of its own (_expand).
+LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW, ALONE = range(6)
 
 # Bytes of frames queued for the writer before new messages are no longer
 # persisted (routing goes on): bounds the memory a stalled disk can take.
@@ -166,10 +165,6 @@ def default_dir(log_dir: str) -> str:
     return os.path.join(parent, "store")
 
 
-def _nothing(value: object) -> None:
-    pass
-
-
 _frame = attrgetter("frame")
 
 
@@ -188,15 +183,58 @@ _frame = attrgetter("frame")
 YIELD_EVERY = 64
 
 
+def _alone_op(routed: Routed) -> tuple:
+    """A message with a source timestamp: a run of its own (ALONE), or a row like
+    any other (ROW) when the tag does not read as a timestamp."""
+    src = _src_us(routed.header)
+    return (ROW if src is None else ALONE, message_row_py(routed, src), routed.timestamp,
+            routed.delivered, routed.frame)
+
+
+def _batch_ops(batch: list[Routed]) -> list[tuple]:
+    """A routing batch that is not one run as rows for :func:`merge_rows`: each
+    stretch of one type as its row (:func:`batch_row`, in C) where it is a run,
+    else a row per message.  The stretches only save work: whether rows form
+    a run is merge_rows' rule alone."""
+    out: list[tuple] = []
+    start, n = 0, len(batch)
+    while start < n:
+        header = batch[start].header
+        if SOURCE_TIMESTAMP_TAG in header:
+            out.append(_alone_op(batch[start]))
+            start += 1
+            continue
+        grp, inst = header[b"group"], header[b"instance"]
+        end = start + 1
+        while end < n:
+            header = batch[end].header
+            if (header[b"group"] != grp or header[b"instance"] != inst
+                    or SOURCE_TIMESTAMP_TAG in header):
+                break
+            end += 1
+        stretch = batch[start:end]
+        row = batch_row(stretch)
+        if row is not None:
+            last = stretch[-1]
+            out.append((ROW, row, last.timestamp, last.delivered, last.frame))
+        else:
+            out += [(ROW, message_row(r), r.timestamp, r.delivered, r.frame) for r in stretch]
+        start = end
+    return out
+
+
 def _expand(ops: list) -> Iterator:
-    """The writer's operations, ready for :func:`collect`: each routing batch that is
-    not one run (a list: Store.observe built the others' rows) as its messages, and
-    consecutive queued rows of one type merged into one run (:func:`merge_rows`, in C:
-    independent publishers' messages are a row each, and merging them message by
-    message in Python was most of the writer's time holding the GIL).  Every
+    """The writer's operations, ready for :func:`collect`: consecutive rows of one
+    type merged into runs by :func:`merge_rows` (in C), the one rule of what
+    continues a run.  A routing batch that is not one run (a list: Store.observe
+    queued the others as their rows) is taken message by message, each as a row,
+    so its messages merge with each other and with their neighbours by that same
+    rule.  (Independent publishers' messages are a row each; merging them in
+    Python was most of the writer's time holding the GIL.)  Every
     :data:`YIELD_EVERY` operations the GIL is offered to the routing thread."""
     n = 0
     i, end = 0, len(ops)
+    flat = False
     while i < end:
         op = ops[i]
         n += 1
@@ -204,9 +242,19 @@ def _expand(ops: list) -> Iterator:
             n = 0
             os.sched_yield()  # releases the GIL: a waiting routing thread takes it
         if type(op) is list:
-            yield from op
-            i += 1
-        elif op[0] == ROW:
+            # The first batch that is not one run: the rest of the queue with
+            # every such batch as its rows (a row merged before it stays apart).
+            assert not flat
+            rest: list = []
+            for later in ops[i:]:
+                if type(later) is list:
+                    rest += _batch_ops(later)
+                else:
+                    rest.append(later)
+            ops, i, end, flat = rest, 0, len(rest), True
+            continue
+        kind = op[0]
+        if kind == ROW:
             j, row, events = merge_rows(ops, i, end, ROW)
             last = ops[j - 1]
             # (ROW, the run's row, its last message's timestamp, delivery
@@ -214,6 +262,10 @@ def _expand(ops: list) -> Iterator:
             yield (ROW, row, last[2], last[3], last[4], last[1][0], events)
             n += j - i - 1
             i = j
+        elif kind == ALONE:
+            row = op[1]
+            yield (ROW, (*row, None), op[2], op[3], op[4], row[0], 1)
+            i += 1
         else:
             yield op
             i += 1
@@ -268,13 +320,11 @@ class Transaction:
 
 
 def collect(ops: Iterable, order: int) -> Transaction:
-    """What one transaction writes: the operations :func:`_expand` yields as rows
-    (consecutive messages of one type as one run, across sessions too), latest
-    updates, spool and resume changes, and the reports to give once committed.
+    """What one transaction writes: the runs :func:`_expand` yields (consecutive
+    messages of one type as one run, across sessions too), latest updates,
+    spool and resume changes, and the reports to give once committed.
     ``order`` is the latest table's update counter.
     """
-    # Per message, only what SQLite needs: this loop holds the GIL that
-    # routing needs too (see broker/store/batch_rows.py for why runs).
     rows: list[tuple] = []
     latest: dict[tuple[bytes, bytes], tuple] = {}
     spool_add: list[tuple] = []
@@ -283,112 +333,40 @@ def collect(ops: Iterable, order: int) -> Transaction:
     runs: list[Report] = []
     taken = overload = 0
     new_events = 0
-    run: RunBuilder | None = None
-    # The open run in locals (the loop's hot part): whether it may grow, its
-    # type, its last EventId, first and last timestamp, events and bytes so far.
-    r_open = False
-    r_grp = r_inst = b""
-    r_session = r_instance = -1
-    r_first = r_last = 0.0
-    r_n = r_bytes = 0
-    add_ts = add_delivered = add_frame = _nothing
-    max_run, max_bytes, max_span = MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN
     last_id: tuple[int, int] | None = None  # the EventId of the last message so far
-    header: dict | None = None
     for op in ops:
-        if type(op) is Routed:
-            header = op.header
-            grp, inst = header[b"group"], header[b"instance"]
-            session, instance, ts, delivered, frame = (op.session, op.instance, op.timestamp,
-                                                       op.delivered, op.frame)
-            size = len(frame)
-            tagged = SOURCE_TIMESTAMP_TAG in header
-        else:
-            kind = op[0]
-            if kind == ROW:
-                # A run of queued rows (_expand merged them, in C).
-                if run is not None:
-                    order += 1
-                    rows.append(_close_run(run, r_session, r_instance, r_bytes, order, latest))
-                    new_events += r_n
-                    run, r_n, r_open = None, 0, False
-                row = op[1]
-                order += 1
-                rows.append(row)
-                latest[row[3], row[4]] = (row[3], row[4], order, op[5], row[2], op[2], op[3],
-                                          op[4])
-                new_events += op[6]
-                taken += row[8]
-                last_id = (op[5], row[2])
-                continue
-            else:
-                if kind == LOST:
-                    ok_id = last_id
-                    if ok_id is not None and (not runs or runs[-1][0] < ok_id):
-                        # Everything routed before the lost messages is in this batch.
-                        runs.append((ok_id, True))
-                    if runs and not runs[-1][1]:
-                        runs[-1] = ((op[1], op[2]), False)
-                    else:
-                        runs.append(((op[1], op[2]), False))
-                    overload += op[3]
-                elif kind == SPOOL_ADD:
-                    taken += len(op[5])
-                    spool_add.append(op[1:])
-                elif kind == SPOOL_DEL:
-                    spool_del.append(op[1:])
-                else:
-                    resume[op[1]] = op[1:]
-                continue
-        taken += size
-        last_id = (session, instance)
-        if (r_open and grp == r_grp and inst == r_inst
-                and r_last <= ts <= r_first + max_span and r_n < max_run
-                and r_bytes + size <= max_bytes and not tagged):
-            if instance == r_instance + 1 and session == r_session and run.ids is None:
-                add_ts(ts)
-                add_delivered(delivered)
-                add_frame(frame)
-            else:
-                # Another session (or a gap): the run keeps its EventIds.
-                run.last, run.last_session = r_instance, r_session
-                run.add(session, instance, ts, delivered, frame)
-            r_session, r_instance = session, instance
-            r_last = ts
-            r_n += 1
-            r_bytes += size
-            continue
-        if run is not None:
+        kind = op[0]
+        if kind == ROW:
+            # (ROW, row, last timestamp, last delivered, last frame, last session, events)
+            row = op[1]
             order += 1
-            rows.append(_close_run(run, r_session, r_instance, r_bytes, order, latest))
-        new_events += r_n
-        src = _src_us(header) if tagged else None
-        run = RunBuilder(session, instance, grp, inst, src, ts, delivered, frame)
-        # A message with a source timestamp is a run of its own.
-        r_open = src is None
-        r_grp, r_inst, r_session, r_instance = grp, inst, session, instance
-        r_first = r_last = ts
-        r_n, r_bytes = 1, size
-        add_ts, add_delivered, add_frame = (run.ts.append, run.delivered.append,
-                                            run.frames.append)
-    if run is not None:
-        order += 1
-        rows.append(_close_run(run, r_session, r_instance, r_bytes, order, latest))
-        new_events += r_n
+            rows.append(row)
+            # The run's last event becomes its type's latest.
+            latest[row[3], row[4]] = (row[3], row[4], order, op[5], row[2], op[2], op[3], op[4])
+            new_events += op[6]
+            taken += row[8]
+            last_id = (op[5], row[2])
+        elif kind == LOST:
+            ok_id = last_id
+            if ok_id is not None and (not runs or runs[-1][0] < ok_id):
+                # Everything routed before the lost messages is in this batch.
+                runs.append((ok_id, True))
+            if runs and not runs[-1][1]:
+                runs[-1] = ((op[1], op[2]), False)
+            else:
+                runs.append(((op[1], op[2]), False))
+            overload += op[3]
+        elif kind == SPOOL_ADD:
+            taken += len(op[5])
+            spool_add.append(op[1:])
+        elif kind == SPOOL_DEL:
+            spool_del.append(op[1:])
+        else:
+            resume[op[1]] = op[1:]
     if last_id is not None and (not runs or runs[-1][0] < last_id):
         runs.append((last_id, True))
     return Transaction(rows, latest, spool_add, spool_del, resume, runs, taken, new_events,
                        order, overload, -1 if last_id is None else last_id[0])
-
-
-def _close_run(run: RunBuilder, last_session: int, last: int, nbytes: int, order: int,
-               latest: dict[tuple[bytes, bytes], tuple]) -> tuple:
-    """The row of a finished run; its last event becomes its type's latest."""
-    run.last, run.last_session = last, last_session
-    run.nbytes = nbytes
-    latest[run.grp, run.inst] = (run.grp, run.inst, order, last_session, last,
-                                 run.ts[-1], run.delivered[-1], run.frames[-1])
-    return run.row()
 
 
 class StoreWriter:

@@ -182,3 +182,64 @@ def test_merge_rows_leaves_what_it_does_not_expect_to_the_reference():
     # Another operation ends a merge; it is not a malformed row.
     mixed = [ops[0], (0, 1, 2, 3), ops[1]]
     assert runs._merge_rows_c(mixed, 0, 3, ROW, 4096, 1 << 20, 1.0)[0] == 1
+
+
+def queued_with_messages(segments) -> tuple[list, list]:
+    """:func:`queued`'s queue, and the messages it holds (those not lost), in order."""
+    clock = Clock()
+    router = Router(clock=clock)
+    sender = Sender()
+    router.attach(sender)
+    batches: list[list] = []
+    router.local_observers.append(batches.append)
+    ops: list = []
+    messages: list = []
+    for seg in segments:
+        if isinstance(seg, str):
+            ops.append((0, 1, 2, 3) if seg == "lost" else (1, "bridge", 1, 2, 0.5, b"frame"))
+            continue
+        for i, ((group, instance), size, src, step) in enumerate(seg[0]):
+            clock.now += step
+            sent = events.send_for_event(
+                (group, instance), events.JsonPayload("z" * size), sender=sender.lname, seq=i,
+                source_timestamp=1_600_000_000.5 if src else None)
+            router.route(sender, sent.frame, sent.header)
+        router.end_batch() if seg[1] else router.hand_over()
+        batch = batches.pop()
+        messages += batch
+        row = runs.batch_row(batch)
+        ops.append(batch if row is None else
+                   (ROW, row, batch[-1].timestamp, batch[-1].delivered, batch[-1].frame))
+    return ops, messages
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=st.lists(segment, min_size=1, max_size=30))
+def test_the_writer_stores_every_queued_message_in_runs_that_keep_the_rule(segments):
+    """The writer's whole path, queue to rows (_expand, then collect), with routing
+    batches queued as rows or as lists: the rows decode to every message in
+    routing order, and every run keeps the rule (one type, timestamps that do
+    not go back, within the bounds, a message with a source timestamp alone)."""
+    from broker.store import writer
+
+    ops, messages = queued_with_messages(segments)
+    tx = writer.collect(writer._expand(ops), 0)
+    got = []
+    for row in tx.rows:
+        decoded = [e for e, _ in runs.decode((*row[:5], *row[9:13], row[7], row[13]))]
+        got += decoded
+        assert {(e[5], e[6]) for e in decoded} == {(row[3], row[4])}
+        ts = [e[2] for e in decoded]
+        # (A NaN timestamp, a clock gone wrong, ends a run: it compares false.)
+        assert len(ts) == 1 or (all(map(float.__le__, ts, ts[1:]))
+                                and ts[-1] - ts[0] <= runs.MAX_RUN_SPAN)
+        assert len(decoded) <= runs.MAX_RUN
+        assert len(decoded) == 1 or row[8] <= runs.MAX_RUN_BYTES
+        if row[7] is not None:
+            assert len(decoded) == 1
+    want = [(r.session, r.instance, r.timestamp, r.frame, r.delivered, r.header[b"group"],
+             r.header[b"instance"]) for r in messages]
+    assert repr(got) == repr(want)  # NaN timestamps included
+    assert tx.new_events == len(messages)
+    tagged = sum(events.SOURCE_TIMESTAMP_TAG in r.header for r in messages)
+    assert sum(row[7] is not None for row in tx.rows) == tagged
