@@ -27,6 +27,7 @@ from broker.app import workers
 from broker.cluster.cluster_service import ClusterStartError
 from broker.core.auth import hash_token
 from broker.serving import config
+from broker.serving.hostloop import HostLoop
 from broker.store.db import accept_store
 from toolkit import cliutil
 
@@ -246,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return workers.run_workers(cfg, _without_workers(sys.argv[1:] if argv is None else argv),
                                    args.workers)
     try:
-        trio.run(partial(app.run, cfg, reload=partial(build_config, args)))
+        run = partial(app.run, cfg, reload=partial(build_config, args))
+        if cfg.broker.host_loop:
+            HostLoop().run(run)
+        else:
+            trio.run(run)
     except BaseException as exc:
         return cliutil.report(PROG, exc, errors=_startup_error)
     return cliutil.EXIT_OK

@@ -38,6 +38,7 @@ from broker.core.router import Router
 from broker.core.tally import COUNTER, described
 from broker.observability.latency import RouteLatency
 from broker.observability.routelog.writer import RoutingLog
+from broker.serving import hostloop
 from broker.serving.bridge_runner import BridgeStatus, BufferedBridgeEndpoint
 from broker.store import Store
 
@@ -150,6 +151,11 @@ class BrokerCollector(Collector):
                            "Messages evicted from the full retention store (oldest first).",
                            retention.evicted)
             yield from _store(retention)
+        host = hostloop.current()
+        yield _counter("skan_host_loop_reads",
+                       "Reads routed straight from the broker's epoll loop, without a trio "
+                       "task switch ([broker] host_loop; docs/architecture.md).",
+                       0 if host is None else host.hot_reads)
         yield _gauge("skan_uptime_seconds", "Seconds since the broker started.",
                      router.clock() - router.started)
 

@@ -133,6 +133,11 @@ class BrokerSection:
     # ... and the nice increment of the durable store's writer thread (0: as
     # the routing thread; at most 19).  The routing log's is [log] writer_nice.
     writer_nice: int = attrs.field(default=10, validator=_nice)
+    # Route reads of plain TCP connections straight from the broker's own
+    # epoll loop, with trio as its guest (broker/serving/hostloop.py): an
+    # isolated message then costs no trio scheduler pass.  False: plain
+    # trio.run, every read through a task.
+    host_loop: bool = True
 
 
 def _port_field(default: int) -> Any:

@@ -29,6 +29,7 @@ import trio
 from broker.core.queue import RECV_CHUNK, OutQueue, QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Router
+from broker.serving import hostloop
 from broker.serving.connections import Connections
 from broker.serving.tls import TLSListener, server_ssl_context, tls_handshake
 from toolkit.streams import idle_pinger
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 RECV_SIZE = RECV_CHUNK
 # No deadline (an open connection reads without a timeout).
 INF = float("inf")
+# What a reader's host-loop wait returns when the loop read and routed the
+# data itself and the task has the rest to do (back-pressure, a slice left).
+TAKEN = b"(routed by the host loop)"
 
 # accept() errors that mean "out of a resource" (descriptors, kernel memory):
 # the listener keeps going, waiting ACCEPT_RETRY between attempts, and says
@@ -430,7 +434,12 @@ async def run_connection(
     )
     frame_started: float | None = None
     on_bytes = ep.on_bytes
-    receive = Receiver(stream).receive
+    receiver = Receiver(stream)
+    receive = receiver.receive
+    # The host loop a plain TCP reader hands its socket to between reads
+    # (broker/serving/hostloop.py); None under a plain trio.run or with TLS.
+    host = hostloop.current() if receiver.fd_of is not None else None
+    more = False
 
     def kill(reason: str) -> None:
         # Called synchronously from routing (slow consumer) or the pinger.
@@ -477,6 +486,45 @@ async def run_connection(
             if latency is not None:
                 latency.observe(time.perf_counter() - started, counters.msgs_in - routed_before)
 
+    def take(data: bytes) -> bool:
+        """Route a read's ``data``; True when the reader's task has more to do
+        than wait for the next read (back-pressure, a slice left, a frame
+        timeout to arm, the connection closing, the admission gate closed)."""
+        nonlocal frame_started, more
+        ep.last_rx = trio.current_time()
+        held = ep.partial_bytes()
+        more = route_slice(data)
+        partial = ep.partial_bytes()
+        if not partial:
+            frame_started = None
+        elif frame_started is None or partial < held + len(data):
+            # A frame completed in this chunk, so the incomplete
+            # one began in it: its clock starts now.
+            frame_started = ep.last_rx
+        return (more or bool(router.congested) or ep.closing is not None
+                or (frame_started is not None and frame_timeout is not None)
+                or connections.gate.closed)
+
+    def hot_step(fd: int) -> Callable[[], object]:
+        """One readable event on the host loop: read and route; None to stay
+        there, else what the task goes on with (b"" at end of input, True
+        when it takes over)."""
+
+        def step() -> object:
+            if connections.gate.closed:
+                return True  # the task waits for the gate; nothing is read
+            try:
+                data = os.read(fd, RECV_SIZE)
+            except BlockingIOError:  # a spurious wake-up
+                return None
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            if not data:
+                return b""
+            return True if take(data) else None
+
+        return step
+
     def timed_out(kind: ErrorKind, reason: CloseReason, what: str) -> None:
         counters.protocol_error(ep.protocol, kind)
         log.info("%s %s: closing: %s", ep.protocol, ep.lname.decode(), what)
@@ -511,7 +559,17 @@ async def run_connection(
                             deadline = min(deadline, frame_started + frame_timeout)
                         data = None
                         try:
-                            if deadline == INF:
+                            if deadline == INF and host is not None and receiver.short:
+                                # Open, nothing pending, the socket drained: the
+                                # host loop reads and routes until something
+                                # needs this task (hostloop.py).
+                                fd = receiver.fd_of()  # type: ignore[misc]
+                                if fd < 0:
+                                    raise trio.ClosedResourceError("the socket was closed")
+                                data = await host.serve(fd, hot_step(fd))
+                                if data is True:
+                                    data = TAKEN  # routed by the host loop
+                            elif deadline == INF:
                                 # The common case once open: no timeout, so no
                                 # cancel scope per read (it costs a few µs each).
                                 data = await receive(RECV_SIZE)
@@ -535,16 +593,8 @@ async def run_connection(
                         if not data:
                             ep.closing = CloseReason.EOF
                             break
-                        ep.last_rx = trio.current_time()
-                        held = ep.partial_bytes()
-                        more = route_slice(data)
-                        partial = ep.partial_bytes()
-                        if not partial:
-                            frame_started = None
-                        elif frame_started is None or partial < held + len(data):
-                            # A frame completed in this chunk, so the incomplete
-                            # one began in it: its clock starts now.
-                            frame_started = ep.last_rx
+                        if data is not TAKEN:
+                            take(data)
                         if router.congested:
                             await pause_for_congestion()
                         # Bounded work per slice: an endpoint that stopped at its
