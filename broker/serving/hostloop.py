@@ -96,11 +96,9 @@ class HostLoop:
                     return
             for fd, _ in poll(0 if calls else -1, MAX_EVENTS):
                 if fd == wake_r:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         while os.read(wake_r, 4096):
                             pass
-                    except BlockingIOError:
-                        pass
                     continue
                 ready = watchers.get(fd)
                 if ready is not None:

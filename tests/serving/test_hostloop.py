@@ -232,3 +232,22 @@ async def test_a_broker_routes_isolated_messages_from_its_host_loop(host_loop):
             assert reads - before >= 20
         else:
             assert reads == 0
+
+
+def test_ctrl_c_while_the_loop_waits_reaches_trio_as_under_trio_run():
+    """SIGINT with the loop blocked in epoll_wait: trio raises KeyboardInterrupt
+    in its main task (cleanup runs), and run() raises it."""
+    import signal
+
+    cleaned = []
+
+    async def main() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cleaned.append(True)
+
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        HostLoop().run(main)
+    assert cleaned == [True]
