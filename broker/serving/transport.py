@@ -440,6 +440,8 @@ async def run_connection(
     # (broker/serving/hostloop.py); None under a plain trio.run or with TLS.
     host = hostloop.current() if receiver.fd_of is not None else None
     more = False
+    # trio.current_time() without its two wrappers (once per read).
+    clock_now = trio.lowlevel.current_clock().current_time
 
     def kill(reason: str) -> None:
         # Called synchronously from routing (slow consumer) or the pinger.
@@ -491,7 +493,7 @@ async def run_connection(
         than wait for the next read (back-pressure, a slice left, a frame
         timeout to arm, the connection closing, the admission gate closed)."""
         nonlocal frame_started, more
-        ep.last_rx = trio.current_time()
+        ep.last_rx = clock_now()
         held = ep.partial_bytes()
         more = route_slice(data)
         partial = ep.partial_bytes()
@@ -508,7 +510,9 @@ async def run_connection(
     def hot_step(fd: int) -> Callable[[], object]:
         """One readable event on the host loop: read and route; None to stay
         there, else what the task goes on with (b"" at end of input, True
-        when it takes over)."""
+        when it takes over: also after a full read, so a flood is read by
+        the task as under plain trio.run, and the loop keeps the wake-ups
+        of drained sockets, where it saves the most)."""
 
         def step() -> object:
             if connections.gate.closed:
@@ -521,6 +525,13 @@ async def run_connection(
                 raise trio.BrokenResourceError(exc) from exc
             if not data:
                 return b""
+            if len(data) == RECV_SIZE:
+                # A full read: more is likely waiting (a flood).  The task's
+                # reads try the socket first, and trio, busy with them, does
+                # not hand its own waits to a helper thread each time.
+                receiver.short = False
+                take(data)
+                return True
             return True if take(data) else None
 
         return step
