@@ -99,33 +99,8 @@ ROW = 4  # broker.store.writer.ROW: the row_kind argument
 
 
 def queued(segments) -> list:
-    clock = Clock()
-    router = Router(clock=clock)
-    sender = Sender()
-    router.attach(sender)
-    batches: list[list] = []
-    router.local_observers.append(batches.append)
-    ops: list = []
-    for seg in segments:
-        if isinstance(seg, str):
-            ops.append((0, 1, 2, 3) if seg == "lost" else (1, "bridge", 1, 2, 0.5, b"frame"))
-            continue
-        messages, new_session = seg
-        for i, ((group, instance), size, src, step) in enumerate(messages):
-            clock.now += step
-            sent = events.send_for_event(
-                (group, instance), events.JsonPayload("y" * size), sender=sender.lname, seq=i,
-                source_timestamp=1_600_000_000.5 if src else None)
-            router.route(sender, sent.frame, sent.header)
-        if new_session:
-            router.end_batch()
-        else:
-            router.hand_over()
-        batch = batches.pop()
-        row = runs.batch_row_py(batch)
-        ops.append(batch if row is None else
-                   (ROW, row, batch[-1].timestamp, batch[-1].delivered, batch[-1].frame))
-    return ops
+    """The writer's queue of ``segments`` (see :func:`queued_with_messages`)."""
+    return queued_with_messages(segments)[0]
 
 
 @needs_c
@@ -185,7 +160,9 @@ def test_merge_rows_leaves_what_it_does_not_expect_to_the_reference():
 
 
 def queued_with_messages(segments) -> tuple[list, list]:
-    """:func:`queued`'s queue, and the messages it holds (those not lost), in order."""
+    """A queue as the store's writer sees it, and the messages it holds (those
+    not lost), in order: each routing batch queued as its row when it is one
+    run (the reference's row), else as the list."""
     clock = Clock()
     router = Router(clock=clock)
     sender = Sender()
@@ -201,13 +178,13 @@ def queued_with_messages(segments) -> tuple[list, list]:
         for i, ((group, instance), size, src, step) in enumerate(seg[0]):
             clock.now += step
             sent = events.send_for_event(
-                (group, instance), events.JsonPayload("z" * size), sender=sender.lname, seq=i,
+                (group, instance), events.JsonPayload("y" * size), sender=sender.lname, seq=i,
                 source_timestamp=1_600_000_000.5 if src else None)
             router.route(sender, sent.frame, sent.header)
         router.end_batch() if seg[1] else router.hand_over()
         batch = batches.pop()
         messages += batch
-        row = runs.batch_row(batch)
+        row = runs.batch_row_py(batch)
         ops.append(batch if row is None else
                    (ROW, row, batch[-1].timestamp, batch[-1].delivered, batch[-1].frame))
     return ops, messages
