@@ -1,9 +1,9 @@
 """The main thread's own epoll loop, with trio running as its guest.
 
 Why: with independent publishers (one message per write) every message is
-one wake-up, and a wake-up through trio's scheduler costs 39-46 µs of CPU on
-the benchmark VM where a bare epoll loop costs 21-25 (``python -m
-bench.wakeup_floor``).  A connection's reader may therefore hand its socket
+one wake-up, and a wake-up through trio's scheduler costs about 45 µs of CPU
+on the benchmark VM where a bare epoll loop costs 16 and this loop 21
+(``python -m bench.wakeup_floor``: read and write only, no routing).  A connection's reader may therefore hand its socket
 to this loop (:meth:`HostLoop.serve`): while it is there, each readable
 event runs the reader's synchronous step (read, route, deliver) straight
 from ``epoll_wait``, with no task switch and no trio scheduler pass.
