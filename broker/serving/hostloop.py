@@ -3,8 +3,9 @@
 Why: with independent publishers (one message per write) every message is
 one wake-up, and a wake-up through trio's scheduler costs about 45 µs of CPU
 on the benchmark VM where a bare epoll loop costs 16 and this loop 21
-(``python -m bench.wakeup_floor``: read and write only, no routing).  A connection's reader may therefore hand its socket
-to this loop (:meth:`HostLoop.serve`): while it is there, each readable
+(``python -m bench.wakeup_floor``: read and write only, no routing).  A
+connection's reader may therefore hand its socket to this loop
+(:meth:`HostLoop.serve`): while it is there, each readable
 event runs the reader's synchronous step (read, route, deliver) straight
 from ``epoll_wait``, with no task switch and no trio scheduler pass.
 Anything the step cannot finish alone (end of input, an error, back-
