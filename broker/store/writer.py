@@ -227,9 +227,9 @@ def _expand(ops: list) -> Iterator:
     """The writer's operations, ready for :func:`collect`: consecutive rows of one
     type merged into runs by :func:`merge_rows` (in C), the one rule of what
     continues a run.  A routing batch that is not one run (a list: Store.observe
-    queued the others as their rows) is taken message by message, each as a row,
-    so its messages merge with each other and with their neighbours by that same
-    rule.  (Independent publishers' messages are a row each; merging them in
+    queued the others as their rows) is cut into rows first (:func:`_batch_ops`),
+    so its messages merge with each other and with the rows after it by that
+    same rule.  (Independent publishers' messages are a row each; merging them in
     Python was most of the writer's time holding the GIL.)  Every
     :data:`YIELD_EVERY` operations the GIL is offered to the routing thread."""
     n = 0
