@@ -106,6 +106,38 @@ class PartsTable:
         return self.parts
 
 
+def merge_columns(batches: list[Columns]) -> Columns:
+    """Hand-off batches of one epoch, in order, as one batch (their records and new parts).
+
+    The writer keeps each row group's hand-offs as they came and converts
+    them once, when the row group is due (:func:`columns_to_table` on the
+    merge): one conversion a row group instead of one a hand-off.  Its
+    seq bytes must stay within int32 offsets (the writer converts before
+    :data:`.columns.MAX_SEQ_BYTES` would be passed).
+    """
+    if len(batches) == 1:
+        return batches[0]
+    epoch = batches[0].epoch
+    if any(b.epoch != epoch for b in batches):
+        raise ValueError("hand-off batches of different epochs cannot be merged")
+    ends = [np.zeros(1, np.int32)]
+    base = 0
+    for b in batches:
+        ends.append(np.frombuffer(b.seq_ends, np.int32)[1:] + np.int32(base))
+        base += len(b.seq_data)
+    new_parts: list[tuple] = []
+    for b in batches:
+        new_parts += b.new_parts
+    return Columns(
+        sum(b.rows for b in batches),
+        bytearray().join(b.times for b in batches),
+        bytearray().join(b.sizes for b in batches),
+        bytearray().join(b.keys for b in batches),
+        bytearray(np.concatenate(ends)),
+        bytearray().join(b.seq_data for b in batches),
+        new_parts, epoch, batches[0].first_at)
+
+
 def columns_to_table(cols: Columns, table: PartsTable | None = None) -> pa.Table:
     """The Arrow table of a hand-off batch (:class:`.columns.Columns`).
 

@@ -8,9 +8,10 @@ short timer, see :mod:`broker.observability.routelog.routelog_service`) the buff
 goes to the writer thread as one batch: the writer is woken per batch,
 never per message.
 
-Writer thread, Parquet: makes Arrow arrays of each batch's buffers as they
-are and every :data:`.parquet.ROW_GROUP_ROWS` records encodes a row group
-(:mod:`.parquet`: pyarrow's C++), appends its bytes to the hidden file,
+Writer thread, Parquet: keeps the batches as they come and every
+:data:`.parquet.ROW_GROUP_ROWS` records makes them one Arrow table (their
+buffers as they are) and encodes a row group (:mod:`.parquet`: pyarrow's
+C++), appends its bytes to the hidden file,
 rotates by size and by age, and publishes finished files atomically
 (:mod:`.files`).  JSON Lines: joins a batch and writes it with one
 ``os.write``.
@@ -169,9 +170,12 @@ class RoutingLog:
         self._batches: deque[tuple[int, float]] = deque()
         self._last_drop_log = -DROP_LOG_INTERVAL
         self._file: LogFile | None = None
-        # Parquet: the open file's encoder and the tables of its next row group.
+        # Parquet: the open file's encoder and its next row group: tables
+        # converted, then hand-off batches as they came (their seq bytes).
         self._encoder: Any = None
         self._rows: list[Any] = []
+        self._pending: list[Columns] = []
+        self._pending_seq = 0
         self._row_count = 0
         self._parts_table: Any = None
         self._stopping = False
@@ -297,27 +301,53 @@ class RoutingLog:
             self.failure = exc
 
     def _take_rows(self, batch: Columns) -> None:
-        """Parquet: a batch's columns join the next row group (written once it is full)."""
-        from broker.observability.routelog.parquet import ROW_GROUP_ROWS, columns_to_table
+        """Parquet: a batch joins the next row group (converted and written once it is full).
 
-        if self._parts_table is None:
-            from broker.observability.routelog.parquet import PartsTable
+        The batch is kept as the routing thread made it; the row group's
+        batches become one Arrow table when it is due (:meth:`_convert`),
+        so the writer runs Python and takes the interpreter once a row
+        group, not once a hand-off (20 a second under light traffic, each
+        a window in which routing waited for the interpreter: the isolated
+        tail, docs/performance.md).
+        """
+        from broker.observability.routelog.columns import MAX_SEQ_BYTES
+        from broker.observability.routelog.parquet import ROW_GROUP_ROWS
 
-            self._parts_table = PartsTable()
-        table = columns_to_table(batch, self._parts_table)
-        if not table.num_rows:
-            return  # the parts of a dropped batch
+        pending = self._pending
+        if pending and (batch.epoch != pending[0].epoch
+                        or self._pending_seq + len(batch.seq_data) > MAX_SEQ_BYTES):
+            self._convert()  # a table per epoch; seq offsets within int32
+        self._pending.append(batch)
+        self._pending_seq += len(batch.seq_data)
+        if not batch.rows:
+            return  # the parts of a dropped batch: later keys may name them
         if self._file is None:
             self._open()
-        self._rows.append(table)
-        self._row_count += table.num_rows
-        self._file.records += table.num_rows
-        self.stats.records += table.num_rows
+        self._row_count += batch.rows
+        self._file.records += batch.rows
+        self.stats.records += batch.rows
         if self._row_count >= ROW_GROUP_ROWS:
             self._write_row_group()
             f = self._file
             if f is not None and f.size >= self.rotate_bytes:
                 self._finish()
+
+    def _convert(self) -> None:
+        """The pending batches (one epoch) as one Arrow table of the next row group."""
+        from broker.observability.routelog.parquet import (
+            PartsTable,
+            columns_to_table,
+            merge_columns,
+        )
+
+        if not self._pending:
+            return
+        if self._parts_table is None:
+            self._parts_table = PartsTable()
+        table = columns_to_table(merge_columns(self._pending), self._parts_table)
+        self._pending, self._pending_seq = [], 0
+        if table.num_rows:
+            self._rows.append(table)
 
     def _open(self) -> LogFile:
         f = self._file = self._retry(self.directory.new_file, "open a log file")
@@ -328,6 +358,7 @@ class RoutingLog:
         return f
 
     def _write_row_group(self) -> None:
+        self._convert()
         if self._rows:
             data = self._encoder.row_group(self._rows)
             self._rows, self._row_count = [], 0

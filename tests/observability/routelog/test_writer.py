@@ -304,3 +304,71 @@ def test_a_row_group_reaches_the_python_sink_in_one_write(monkeypatch):
     assert len(writes) == 1 and writes[0] == len(data) > 0
     tail = encoder.finish()
     assert pq.read_table(io.BytesIO(data + tail)).num_rows == 20_000
+
+
+def test_a_row_group_is_converted_once_whatever_its_hand_offs(tmp_path, monkeypatch):
+    """The writer keeps hand-offs as they come and makes one Arrow table a row group
+    (the interpreter taken once, not once a hand-off); records stay in order."""
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 100)
+    calls = []
+    convert = parquet.columns_to_table
+    monkeypatch.setattr(parquet, "columns_to_table",
+                        lambda cols, table=None: calls.append(cols.rows) or convert(cols, table))
+    router, rl = make_log(tmp_path, queue_records=40)  # 10 per hand-off
+    rl.start()
+    pub = sink(router)
+    routed = []
+    for i in range(250):
+        routed.append(send(router, pub, group=f"g{i % 3}".encode(), seq=str(i).encode()))
+        if i % 10 == 9:
+            wait_for(lambda: rl.queued == 0)
+    rl.stop()
+    rl.join()
+    assert calls == [100, 100, 50]  # two full row groups, the rest at stop
+    assert read_all(tmp_path) == records(routed)
+
+
+def test_merged_batches_are_the_batches_one_after_the_other(tmp_path):
+    """merge_columns: seq offsets rebased, parts appended in order; the merged table
+    equals the per-batch tables concatenated."""
+    router = Router(hostname="test")
+    buf = ColumnBuffer(1_000_000, lambda: None, router)
+    router.observers.append(buf.observe)
+    pub, sub = sink(router), sink(router)
+    batches = []
+    for b in range(4):
+        for i in range(7):
+            if i == 3:
+                router.subscribe(sub, f"g{b}".encode(), b"*", NORMAL)  # new parts mid-batch
+            send(router, pub, group=f"g{b}".encode(), seq=f"{b}-{i}".encode() * i)
+        batches.append(buf.take())
+    whole = parquet.columns_to_table(parquet.merge_columns(batches))
+    one_by_one = parquet.PartsTable()
+    expected = [parquet.columns_to_table(b, one_by_one) for b in batches]
+    assert whole.to_pylist() == [r for t in expected for r in t.to_pylist()]
+    with pytest.raises(ValueError):
+        parquet.merge_columns([batches[0], parquet.Columns(
+            0, bytearray(), bytearray(), bytearray(), bytearray(4), bytearray(), [],
+            batches[0].epoch + 1, 0.0)])
+
+
+def test_a_row_group_of_long_seqs_is_converted_in_parts(tmp_path, monkeypatch):
+    """Pending seq bytes stay under MAX_SEQ_BYTES (Arrow's int32 offsets): the writer
+    converts what it holds before a batch would pass it."""
+    from broker.observability.routelog import columns
+
+    monkeypatch.setattr(columns, "MAX_SEQ_BYTES", 2000)
+    calls = []
+    convert = parquet.columns_to_table
+    monkeypatch.setattr(parquet, "columns_to_table",
+                        lambda cols, table=None: calls.append(len(cols.seq_data))
+                        or convert(cols, table))
+    router, rl = make_log(tmp_path, queue_records=40)  # 10 per hand-off
+    pub = sink(router)
+    # Hand-offs of 600, 1200, 1200, 1200 and 1200 seq bytes.
+    routed = [send(router, pub, seq=str(i).encode() * 60) for i in range(50)]
+    rl.start()
+    rl.stop()
+    rl.join()
+    assert calls == [1800, 1200, 1200, 1200]
+    assert read_all(tmp_path) == records(routed)
