@@ -15,7 +15,11 @@ broker started through this module, which wraps, with
     store:commit  a whole flush (collect, inserts, eviction, COMMIT and its
                   fsync, the WAL check)
     log:take      the routing-log writer turning a hand-off into Arrow columns
-    log:rowgroup  ... and encoding a Parquet row group
+    log:rowgroup  ... and encoding a Parquet row group: its merge of the
+                  hand-offs (log:merge), the Arrow table (log:table), the
+                  encoding (log:encode)
+    trio:tick     a trio tick run by the host loop (broker/serving/hostloop.py)
+    loop:step     a read routed from the host loop, when it took 0.2 ms or more
 
 For each kind it prints how often it ran and how long it took, then the
 share of the slowest 1 % of messages (from send to read back) whose flight
@@ -36,6 +40,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from collections.abc import Callable
 
 import trio
 
@@ -51,6 +56,7 @@ def _instrument_and_run_broker(events_file: str) -> None:
 
     import broker.store.writer as store_writer
     from broker.app.cli import main
+    from broker.observability.routelog import parquet as routelog_parquet
     from broker.observability.routelog.writer import RoutingLog
 
     stamp = time.perf_counter_ns
@@ -83,6 +89,42 @@ def _instrument_and_run_broker(events_file: str) -> None:
     wrap(store_writer.StoreWriter, "_commit_queued", "store:commit")
     wrap(RoutingLog, "_take_rows", "log:take")
     wrap(RoutingLog, "_write_row_group", "log:rowgroup")
+    wrap(routelog_parquet, "merge_columns", "log:merge")
+    wrap(routelog_parquet, "columns_to_table", "log:table")
+    wrap(routelog_parquet.ParquetEncoder, "row_group", "log:encode")
+
+    # The main thread's own work: trio's guest ticks, and host-loop steps
+    # (reads routed from the loop) of 0.2 ms or more.
+    from broker.serving.hostloop import HostLoop
+
+    call_soon = HostLoop._call_soon_threadsafe
+
+    def stamped_call_soon(self: HostLoop, fn: Callable[[], object]) -> None:
+        def tick() -> None:
+            began = stamp()
+            try:
+                fn()
+            finally:
+                events.append(("trio:tick", began, stamp()))
+
+        call_soon(self, tick)
+
+    HostLoop._call_soon_threadsafe = stamped_call_soon  # type: ignore[method-assign]
+    serve = HostLoop.serve
+
+    async def stamped_serve(self: HostLoop, fd: int, step: Callable[[], object]) -> object:
+        def timed() -> object:
+            began = stamp()
+            try:
+                return step()
+            finally:
+                ended = stamp()
+                if ended - began >= 200_000:
+                    events.append(("loop:step", began, ended))
+
+        return await serve(self, fd, timed)
+
+    HostLoop.serve = stamped_serve  # type: ignore[method-assign]
 
     def save() -> None:
         pathlib.Path(events_file).write_text(
