@@ -15,9 +15,8 @@ broker started through this module, which wraps, with
     store:commit  a whole flush (collect, inserts, eviction, COMMIT and its
                   fsync, the WAL check)
     log:take      the routing-log writer turning a hand-off into Arrow columns
-    log:rowgroup  ... and encoding a Parquet row group: its merge of the
-                  hand-offs (log:merge), the Arrow table (log:table), the
-                  encoding (log:encode)
+    log:rowgroup  ... and encoding a Parquet row group: the Arrow table of
+                  its hand-offs (log:table), the encoding (log:encode)
     trio:tick     a trio tick run by the host loop (broker/serving/hostloop.py)
     loop:step     a read routed from the host loop, when it took 0.2 ms or more
 
@@ -89,7 +88,6 @@ def _instrument_and_run_broker(events_file: str) -> None:
     wrap(store_writer.StoreWriter, "_commit_queued", "store:commit")
     wrap(RoutingLog, "_take_rows", "log:take")
     wrap(RoutingLog, "_write_row_group", "log:rowgroup")
-    wrap(routelog_parquet, "merge_columns", "log:merge")
     wrap(routelog_parquet, "columns_to_table", "log:table")
     wrap(routelog_parquet.ParquetEncoder, "row_group", "log:encode")
 

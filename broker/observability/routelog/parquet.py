@@ -2,7 +2,8 @@
 
 The routing thread appends each record's changing values to flat buffers
 (:mod:`.columns`, compiled); the writer thread makes Arrow arrays of them
-as they are (:func:`columns_to_table`: no Python step per record) and
+as they are, a row group's hand-offs at once (:func:`columns_to_table`: no
+Python step per record) and
 encodes row groups with pyarrow's Parquet writer (C++, zstd).  Encoded
 bytes go to a memory sink and from there to the file through
 :class:`.files.LogFile`'s resumable writes, so a disk error is retried
@@ -17,6 +18,7 @@ Column names and meaning are :data:`.record.FIELDS`; ``recipients`` is a
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -106,57 +108,48 @@ class PartsTable:
         return self.parts
 
 
-def merge_columns(batches: list[Columns]) -> Columns:
-    """Hand-off batches of one epoch, in order, as one batch (their records and new parts).
+def _array(kind: pa.DataType, cols: Columns, *buffers: bytearray) -> pa.Array:
+    """One column of a batch as an Arrow array over its own buffer(s): no copy."""
+    return pa.Array.from_buffers(kind, cols.rows, [None, *map(pa.py_buffer, buffers)])
 
-    The writer keeps each row group's hand-offs as they came and converts
-    them once, when the row group is due (:func:`columns_to_table` on the
-    merge): one conversion a row group instead of one a hand-off.  Its
-    seq bytes must stay within int32 offsets (the writer converts before
-    :data:`.columns.MAX_SEQ_BYTES` would be passed).
+
+def _column(kind: pa.DataType, arrays: list[pa.Array]) -> pa.Array:
+    # concat_arrays copies in Arrow's C++ with the GIL released (the
+    # bytearray joins this replaced held it for 1-3 ms a row group: page
+    # faults of the new buffers, in the VM, while routing waited).
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def columns_to_table(batches: Sequence[Columns], table: PartsTable | None = None) -> pa.Table:
+    """The Arrow table of hand-off batches of one epoch, in order (:class:`.columns.Columns`).
+
+    The writer keeps a row group's hand-offs as they came and converts them
+    here once, when the row group is due: one conversion a row group, not
+    one a hand-off.  ``table``: the parts of the epoch so far (updated here
+    with each batch's new parts); a fresh one for batches that start their
+    epoch (tools, tests).  The batches' seq bytes together must stay within
+    int32 offsets (the writer converts before :data:`.columns.MAX_SEQ_BYTES`
+    would be passed).
     """
-    if len(batches) == 1:
-        return batches[0]
-    epoch = batches[0].epoch
-    if any(b.epoch != epoch for b in batches):
-        raise ValueError("hand-off batches of different epochs cannot be merged")
-    ends = [np.zeros(1, np.int32)]
-    base = 0
+    parts_table = table if table is not None else PartsTable()
+    if any(b.epoch != batches[0].epoch for b in batches):
+        raise ValueError("hand-off batches of different epochs in one table")
     for b in batches:
-        ends.append(np.frombuffer(b.seq_ends, np.int32)[1:] + np.int32(base))
-        base += len(b.seq_data)
-    new_parts: list[tuple] = []
-    for b in batches:
-        new_parts += b.new_parts
-    return Columns(
-        sum(b.rows for b in batches),
-        bytearray().join(b.times for b in batches),
-        bytearray().join(b.sizes for b in batches),
-        bytearray().join(b.keys for b in batches),
-        bytearray(np.concatenate(ends)),
-        bytearray().join(b.seq_data for b in batches),
-        new_parts, epoch, batches[0].first_at)
-
-
-def columns_to_table(cols: Columns, table: PartsTable | None = None) -> pa.Table:
-    """The Arrow table of a hand-off batch (:class:`.columns.Columns`).
-
-    ``table``: the parts of the batch's epoch so far (updated here); a
-    fresh one for a batch that starts its epoch (tools, tests).
-    """
-    n = cols.rows
-    parts = (table if table is not None else PartsTable()).update(cols)
-    keys = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(cols.keys)])
+        parts_table.update(b)
+    parts = parts_table.parts
+    rows = [b for b in batches if b.rows]
+    if not rows:
+        return SCHEMA.empty_table()
+    keys = _column(pa.int32(), [_array(pa.int32(), b, b.keys) for b in rows])
     # One take for the ten repeated columns (one call, one pass).
     picked = pc.take(parts, keys)
     server, lname, proto, user, group, instance, to, recipients, delivered, undeliverable = (
         picked.field(i) for i in range(len(_PART_FIELDS)))
     return pa.Table.from_arrays([
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols.times)]),
+        _column(pa.int64(), [_array(pa.int64(), b, b.times) for b in rows]),
         server, lname, proto, user, group, instance, to,
-        pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(cols.seq_ends),
-                                               pa.py_buffer(cols.seq_data)]),
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols.sizes)]),
+        _column(pa.string(), [_array(pa.string(), b, b.seq_ends, b.seq_data) for b in rows]),
+        _column(pa.int64(), [_array(pa.int64(), b, b.sizes) for b in rows]),
         recipients, delivered, undeliverable,
     ], schema=SCHEMA)
 

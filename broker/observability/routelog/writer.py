@@ -334,17 +334,13 @@ class RoutingLog:
 
     def _convert(self) -> None:
         """The pending batches (one epoch) as one Arrow table of the next row group."""
-        from broker.observability.routelog.parquet import (
-            PartsTable,
-            columns_to_table,
-            merge_columns,
-        )
+        from broker.observability.routelog.parquet import PartsTable, columns_to_table
 
         if not self._pending:
             return
         if self._parts_table is None:
             self._parts_table = PartsTable()
-        table = columns_to_table(merge_columns(self._pending), self._parts_table)
+        table = columns_to_table(self._pending, self._parts_table)
         self._pending, self._pending_seq = [], 0
         if table.num_rows:
             self._rows.append(table)

@@ -120,7 +120,7 @@ def test_compiled_columns_equal_the_reference_and_the_json_lines(messages, subsc
     assert got.rows == want.rows == len(batch)
     assert (got.times, got.sizes, got.keys, got.seq_ends, got.seq_data, got.new_parts) == (
         want.times, want.sizes, want.keys, want.seq_ends, want.seq_data, want.new_parts)
-    table = parquet.columns_to_table(got).to_pylist()
+    table = parquet.columns_to_table([got]).to_pylist()
     lines = [json.loads(line) for line in record.format_records(batch).splitlines()]
     for row in table:
         row["recipients"] = dict(row["recipients"])
@@ -138,7 +138,7 @@ def test_columns_of_a_nested_seq_and_a_non_float_timestamp_go_through_python():
     buf = ColumnBuffer(1 << 30, lambda: None, router)
     buf.observe([routed, routed2])
     got = buf.take()
-    rows = parquet.columns_to_table(got).to_pylist()
+    rows = parquet.columns_to_table([got]).to_pylist()
     assert [r["seq"] for r in rows] == ["", ""]
     assert rows[1]["time_us"] == 1718000000 * 1_000_000
     if columns._columns_c is not None:

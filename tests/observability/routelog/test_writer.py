@@ -297,7 +297,7 @@ def test_a_row_group_reaches_the_python_sink_in_one_write(monkeypatch):
     router.subscribe(sub, b"g", b"*", NORMAL)
     for i in range(20_000):
         send(router, pub, seq=str(i).encode())
-    table = parquet.columns_to_table(cols.take(), buffer)
+    table = parquet.columns_to_table([cols.take()], buffer)
     encoder = parquet.ParquetEncoder()
     writes.clear()
     data = encoder.row_group([table])
@@ -313,7 +313,8 @@ def test_a_row_group_is_converted_once_whatever_its_hand_offs(tmp_path, monkeypa
     calls = []
     convert = parquet.columns_to_table
     monkeypatch.setattr(parquet, "columns_to_table",
-                        lambda cols, table=None: calls.append(cols.rows) or convert(cols, table))
+                        lambda batches, table=None: calls.append(sum(b.rows for b in batches))
+                        or convert(batches, table))
     router, rl = make_log(tmp_path, queue_records=40)  # 10 per hand-off
     rl.start()
     pub = sink(router)
@@ -328,9 +329,9 @@ def test_a_row_group_is_converted_once_whatever_its_hand_offs(tmp_path, monkeypa
     assert read_all(tmp_path) == records(routed)
 
 
-def test_merged_batches_are_the_batches_one_after_the_other(tmp_path):
-    """merge_columns: seq offsets rebased, parts appended in order; the merged table
-    equals the per-batch tables concatenated."""
+def test_a_table_of_batches_is_the_batches_one_after_the_other(tmp_path):
+    """columns_to_table of several hand-offs: each batch's seqs and new parts in order;
+    the table equals the per-batch tables concatenated."""
     router = Router(hostname="test")
     buf = ColumnBuffer(1_000_000, lambda: None, router)
     router.observers.append(buf.observe)
@@ -342,12 +343,15 @@ def test_merged_batches_are_the_batches_one_after_the_other(tmp_path):
                 router.subscribe(sub, f"g{b}".encode(), b"*", NORMAL)  # new parts mid-batch
             send(router, pub, group=f"g{b}".encode(), seq=f"{b}-{i}".encode() * i)
         batches.append(buf.take())
-    whole = parquet.columns_to_table(parquet.merge_columns(batches))
+    batches.insert(2, parquet.Columns(0, bytearray(), bytearray(), bytearray(), bytearray(4),
+                                      bytearray(), [], batches[0].epoch, 0.0))  # an empty one
+    whole = parquet.columns_to_table(batches)
     one_by_one = parquet.PartsTable()
-    expected = [parquet.columns_to_table(b, one_by_one) for b in batches]
+    expected = [parquet.columns_to_table([b], one_by_one) for b in batches]
+    assert whole.num_rows == 28
     assert whole.to_pylist() == [r for t in expected for r in t.to_pylist()]
     with pytest.raises(ValueError):
-        parquet.merge_columns([batches[0], parquet.Columns(
+        parquet.columns_to_table([batches[0], parquet.Columns(
             0, bytearray(), bytearray(), bytearray(), bytearray(4), bytearray(), [],
             batches[0].epoch + 1, 0.0)])
 
@@ -361,8 +365,8 @@ def test_a_row_group_of_long_seqs_is_converted_in_parts(tmp_path, monkeypatch):
     calls = []
     convert = parquet.columns_to_table
     monkeypatch.setattr(parquet, "columns_to_table",
-                        lambda cols, table=None: calls.append(len(cols.seq_data))
-                        or convert(cols, table))
+                        lambda batches, table=None: calls.append(
+                            sum(len(b.seq_data) for b in batches)) or convert(batches, table))
     router, rl = make_log(tmp_path, queue_records=40)  # 10 per hand-off
     pub = sink(router)
     # Hand-offs of 600, 1200, 1200, 1200 and 1200 seq bytes.
