@@ -89,6 +89,13 @@ MAX_TXN_BYTES = 32 * 1024 * 1024
 # WAL's checkpoint writes some 3,400 pages inside one commit) and reaches
 # the reused WAL sooner after a start (see _keep_wal_small).
 WAL_CYCLE_BYTES = 4 * 1024 * 1024
+# Flushes between two looks at the WAL's size (_keep_wal_small) unless a
+# flush took wal_bytes / 2 of frames or more: a look is a stat, a system
+# call that gives the interpreter up and takes it back (a chance to make
+# the routing thread wait), and between looks SQLite's own checkpoint
+# keeps the WAL at its cycle; 8 flushes of small messages add well under a
+# megabyte of WAL (about 64 KiB each at 100 messages).
+WAL_CHECK_FLUSHES = 8
 # Frame bytes committed between two malloc_trim calls: large frames leave
 # free heap behind (broker/store/heap.py); a trim costs ~0.1-1 ms.
 TRIM_BYTES = 32 * 1024 * 1024
@@ -270,6 +277,12 @@ def _expand(ops: list) -> Iterator:
             yield op
             i += 1
 
+# The counters a commit keeps in meta, in one statement (_write_meta).
+_META_KEYS = ("count", "bytes", "evicted", "evicted_session", "evicted_instance",
+              "session_ceiling")
+_UPDATE_META = ("UPDATE meta SET value = CASE key "
+                + " ".join(f"WHEN '{k}' THEN ?{i}" for i, k in enumerate(_META_KEYS, 1))
+                + " END WHERE key IN (" + ", ".join(f"'{k}'" for k in _META_KEYS) + ")")
 _INSERT_RUNS = ("INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
                 "bytes, ts, delivered, offsets, frames, ids) VALUES ")
 _INSERT_LATEST = ("INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame) "
@@ -433,6 +446,8 @@ class StoreWriter:
         self._added_bytes = 0  # written by the trio thread only
         self._taken_bytes = 0  # written by the writer thread only
         self._trimmed_at = 0
+        self._wal_checked_at = 0  # _taken_bytes at the last look at the WAL
+        self._unchecked_flushes = 0
         self._signalled = False
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -657,7 +672,11 @@ class StoreWriter:
         left -= self._commit_some(left)
         while left > 0:
             left -= self._commit_some(left)
-        self._keep_wal_small()
+        self._unchecked_flushes += 1
+        if (self._unchecked_flushes >= WAL_CHECK_FLUSHES
+                or self._taken_bytes - self._wal_checked_at >= self.wal_bytes // 2):
+            self._unchecked_flushes, self._wal_checked_at = 0, self._taken_bytes
+            self._keep_wal_small()
         if self._taken_bytes - self._trimmed_at >= TRIM_BYTES:
             # The frames of these commits are free now: hand the heap back
             # (broker/store/heap.py), at most once per TRIM_BYTES written.
@@ -927,12 +946,12 @@ class StoreWriter:
 
     def _write_meta(self, count: int, nbytes: int, evicted: int,
                     upto: tuple[int, int] | None, ceiling: int) -> None:
-        self._conn.executemany("UPDATE meta SET value = ? WHERE key = ?", [
-            (count, "count"), (nbytes, "bytes"), (evicted, "evicted"),
-            (None if upto is None else upto[0], "evicted_session"),
-            (None if upto is None else upto[1], "evicted_instance"),
-            (ceiling, "session_ceiling"),
-        ])
+        # One statement, not six: each SQLite call gives the interpreter up
+        # and takes it back, and each taking back can make the routing
+        # thread wait (docs/store.md, "Keeping routing's latency").
+        self._conn.execute(_UPDATE_META, (
+            count, nbytes, evicted, None if upto is None else upto[0],
+            None if upto is None else upto[1], ceiling))
 
     def _raise_state_ceiling(self) -> None:
         """The state file follows a raised ceiling (writer thread; rare, see SESSION_LEASE)."""
