@@ -16,6 +16,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "broker.serving._held_io",
+            ["broker/serving/_held_io.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
             "broker._observer_speedups",
             ["broker/_observer_speedups.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import trio
 from broker.core.queue import RECV_CHUNK, OutQueue, QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.router import Router
-from broker.serving import hostloop
+from broker.serving import heldio, hostloop
 from broker.serving.connections import Connections
 from broker.serving.tls import TLSListener, server_ssl_context, tls_handshake
 from toolkit.streams import idle_pinger
@@ -280,7 +279,7 @@ def _direct_sender(router: Router, sock: trio.socket.SocketType, queue: OutQueue
         if queue.size and fd >= 0:
             data = queue.take()
             try:
-                sent = os.write(fd, data)
+                sent = heldio.write(fd, data)
             except BlockingIOError:
                 sent = 0
             except OSError:  # reset, broken pipe: the writer's send_all reports it
@@ -344,7 +343,7 @@ class Receiver:
                     raise trio.ClosedResourceError("the socket was closed")
                 await trio.lowlevel.wait_readable(fd)
                 try:
-                    data = os.read(fd, size)
+                    data = heldio.read(fd, size)
                     break
                 except BlockingIOError:  # a spurious wake-up: wait again
                     continue
@@ -518,7 +517,7 @@ async def run_connection(
             if connections.gate.closed:
                 return True  # the task waits for the gate; nothing is read
             try:
-                data = os.read(fd, RECV_SIZE)
+                data = heldio.read(fd, RECV_SIZE)
             except BlockingIOError:  # a spurious wake-up
                 return None
             except OSError as exc:
