@@ -14,8 +14,13 @@ import time
 import pytest
 
 from broker.serving import heldio
+from wire.skan.codec import PURE_PYTHON
 
-pytestmark = pytest.mark.skipif(not heldio.COMPILED, reason="built without the extension")
+compiled = pytest.mark.skipif(not heldio.COMPILED, reason="SKAN_PURE_PYTHON: os.read/os.write")
+
+
+def test_the_extension_is_built_unless_pure_python_is_asked_for():
+    assert heldio.COMPILED is not PURE_PYTHON
 
 
 @pytest.fixture
@@ -62,6 +67,7 @@ def test_the_same_results_as_os_read_and_write(pair, impl):
         read(1 << 40, 10)
 
 
+@compiled
 def test_a_full_socket_gives_eagain_and_a_partial_write(pair):
     a, _ = pair
     total = 0
@@ -71,6 +77,7 @@ def test_a_full_socket_gives_eagain_and_a_partial_write(pair):
     assert total > 0
 
 
+@compiled
 def test_the_lock_is_kept_across_the_call(pair):
     """A thread waiting for the interpreter gets no turn inside held calls:
     10,000 reads and writes with the lock held let it run far less often than
@@ -103,6 +110,7 @@ def test_the_lock_is_kept_across_the_call(pair):
     assert held * 5 < released, (held, released)
 
 
+@compiled
 def test_a_signal_during_a_held_read_runs_its_handler(pair):
     """EINTR: the handler runs (PEP 475) and its exception comes out of the call."""
     _, b = pair
