@@ -74,11 +74,14 @@ def _instrument_and_run_broker(events_file: str) -> None:
         inner = getattr(owner, name)
 
         def stamped(*args: object, **kwargs: object) -> object:
-            began = stamp()
+            began, cpu = stamp(), time.thread_time_ns()
             try:
                 return inner(*args, **kwargs)
             finally:
-                events.append((kind, began, stamp()))
+                ended = stamp()
+                events.append((kind, began, ended))
+                # The thread's own CPU in that time ("kind/cpu", from its start).
+                events.append((kind + "/cpu", began, began + time.thread_time_ns() - cpu))
 
         setattr(owner, name, stamped)
 
@@ -192,6 +195,28 @@ async def run(args: argparse.Namespace) -> None:
         d = sorted(durations[kind])
         print(f"{kind:<14} {len(d):>6} {d[len(d) // 2]:>8.3f} {d[-1]:>8.2f}   "
               f"{hit_slow[kind] / len(slow):>20.0%}   {hit_fast[kind] / len(fast):>22.0%}")
+    episodes(slow, events)
+
+
+def episodes(slow: list[tuple[int, int]], events: list[tuple[str, int, int]],
+             gap_ns: int = 3_000_000, show: int = 10) -> None:
+    """The slowest messages as stalls (sent within ``gap_ns`` of each other), the
+    largest first, each with what the broker was doing meanwhile."""
+    eps: list[list] = []
+    for sent, got in sorted(slow):
+        if eps and sent - eps[-1][1] < gap_ns:
+            eps[-1][1] = sent
+            eps[-1][2] = max(eps[-1][2], got)
+            eps[-1][3] += 1
+        else:
+            eps.append([sent, sent, got, 1])
+    print(f"\n{len(slow)} slowest messages in {len(eps)} stalls; the largest:")
+    first = min(e[0] for e in eps)
+    for began, last_sent, ended, count in sorted(eps, key=lambda e: -e[3])[:show]:
+        during = sorted({f"{k} {(e - b) / 1e6:.2f}" for k, b, e in events
+                         if b < ended and e > began - 1_000_000})
+        print(f"  +{(began - first) / 1e9:7.3f} s  {count:>3} msgs  {(ended - began) / 1e6:6.2f} ms"
+              f"  {', '.join(during[:6]) or '-'}")
 
 
 def main() -> None:

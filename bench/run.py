@@ -48,6 +48,8 @@ BARE = "".join(FEATURES_OFF.values())
 # Not a feature but the scheduler hints (broker/serving/scheduling.py): a
 # broker without them, beside the rest, shows what they buy.
 FEATURES_OFF["hints"] = "\n[broker]\nrouting_slice = 0\nwriter_nice = 0\n"
+# ... and the writers' lower priority alone.
+FEATURES_OFF["nice"] = "\n[broker]\nwriter_nice = 0\n"
 # Nor is the host loop (broker/serving/hostloop.py): a broker under plain
 # trio.run, every read through a task, shows what routing from the loop buys.
 FEATURES_OFF["hostloop"] = "\n[broker]\nhost_loop = false\n"
