@@ -212,7 +212,7 @@ def episodes(slow: list[tuple[int, int]], events: list[tuple[str, int, int]],
             eps.append([sent, sent, got, 1])
     print(f"\n{len(slow)} slowest messages in {len(eps)} stalls; the largest:")
     first = min(e[0] for e in eps)
-    for began, last_sent, ended, count in sorted(eps, key=lambda e: -e[3])[:show]:
+    for began, _last, ended, count in sorted(eps, key=lambda e: -e[3])[:show]:
         during = sorted({f"{k} {(e - b) / 1e6:.2f}" for k, b, e in events
                          if b < ended and e > began - 1_000_000})
         print(f"  +{(began - first) / 1e9:7.3f} s  {count:>3} msgs  {(ended - began) / 1e6:6.2f} ms"

@@ -35,7 +35,8 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
     keys = []
     # The scheduler hints are applied by the threads themselves as they start;
     # the host loop is the main thread's, chosen before trio starts.
-    for key in ("host", "server_id", "routing_slice", "writer_nice", "host_loop"):
+    for key in ("host", "server_id", "routing_slice", "writer_nice", "writer_idle",
+                "host_loop"):
         if getattr(old.broker, key) != getattr(new.broker, key):
             keys.append(f"broker.{key}")
     for section in ("log", "retention", "store", "cluster"):

@@ -133,6 +133,10 @@ class BrokerSection:
     # ... and the nice increment of the durable store's writer thread (0: as
     # the routing thread; at most 19).  The routing log's is [log] writer_nice.
     writer_nice: int = attrs.field(default=10, validator=_nice)
+    # ... and both writer threads (store and routing log) under SCHED_IDLE
+    # while they keep up, back at their nice value while behind; only where
+    # the broker may raise them back (root, CAP_SYS_NICE or RLIMIT_NICE).
+    writer_idle: bool = True
     # Route reads of plain TCP connections straight from the broker's own
     # epoll loop, with trio as its guest (broker/serving/hostloop.py): an
     # isolated message then costs no trio scheduler pass.  False: plain

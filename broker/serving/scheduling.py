@@ -20,6 +20,16 @@ Two hints, both per thread and both the kernel's own means:
 
 Neither changes what is written or when it is acknowledged.  Both fail
 quietly (logged at debug) where the kernel or the platform lacks them.
+
+A third, where the broker may use it (:class:`Background`): a writer that
+keeps up runs under ``SCHED_IDLE``, which the kernel preempts at once for
+any normal thread that wakes (EEVDF lets a nice-10 writer finish its slice,
+up to a 4 ms tick here, first); one that falls behind goes back to its nice
+value, so a flood that fills the cores cannot starve it.  Going back needs
+the right to raise a thread's priority (root, ``CAP_SYS_NICE``, or an
+``RLIMIT_NICE`` that covers the nice value); without it the writer keeps
+its nice value and never goes idle.  RocksDB's ``CpuPriority::kIdle`` puts
+its background threads under ``SCHED_IDLE`` the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import ctypes
 import logging
 import os
 import platform
+import resource
 import struct
 import sys
 import threading
@@ -99,3 +110,71 @@ def lower_thread_priority(increment: int) -> bool:
         log.debug("thread priority: %s", exc)
         return False
     return True
+
+
+# CAP_SYS_NICE's bit in /proc/self/status's CapEff (linux/capability.h).
+_CAP_SYS_NICE = 23
+
+
+def may_raise_priority(nice: int) -> bool:
+    """Whether this process may move a thread from SCHED_IDLE back to SCHED_OTHER at
+    ``nice`` (the kernel's can_nice: CAP_SYS_NICE, or RLIMIT_NICE >= 20 - nice)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    if int(line.split()[1], 16) >> _CAP_SYS_NICE & 1:
+                        return True
+                    break
+        soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return soft == resource.RLIM_INFINITY or soft >= 20 - nice
+
+
+class Background:
+    """A writer thread's place in the scheduler: ``SCHED_IDLE`` while it keeps up, its
+    nice value (``SCHED_OTHER``) while it is behind.
+
+    :meth:`setup` runs first in the writer thread.  Then either thread may
+    call :meth:`behind` (the routing thread, when the writer's backlog
+    passes its bound: a starved writer cannot notice that itself) and
+    :meth:`caught_up` (the writer, once its backlog is small again); each
+    is an attribute test unless the state changes (one system call).
+    """
+
+    def __init__(self, nice: int, idle: bool) -> None:
+        self.nice = nice
+        # SCHED_IDLE only where the way back is open.
+        self.may_idle = idle and may_raise_priority(nice)
+        self.idle = False
+        self.switches = 0
+        self._tid = 0
+
+    def setup(self) -> None:
+        self._tid = threading.get_native_id()
+        lower_thread_priority(self.nice)
+        self.caught_up()
+
+    def behind(self) -> None:
+        if self.idle and self._set(os.SCHED_OTHER):
+            self.idle = False
+
+    def caught_up(self) -> None:
+        if self.may_idle and not self.idle and self._tid and self._set(os.SCHED_IDLE):
+            self.idle = True
+
+    def _set(self, policy: int) -> bool:
+        try:
+            os.sched_setscheduler(self._tid, policy, os.sched_param(0))
+        except OSError as exc:
+            # EPERM on the way back (the right was dropped since): stay put
+            # and stop going idle.
+            log.warning("writer thread scheduling: %s; it keeps SCHED_%s", exc,
+                        "IDLE" if self.idle else "OTHER")
+            self.may_idle = False
+            return False
+        self.switches += 1
+        return True

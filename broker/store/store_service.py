@@ -19,7 +19,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.serving.config import Config
 from broker.serving.context import BrokerContext
-from broker.serving.scheduling import lower_thread_priority
+from broker.serving.scheduling import Background, lower_thread_priority
 from broker.store.store import Store, default_dir
 from broker.store.writer_process import ProcessStore
 
@@ -52,7 +52,8 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
         # thread here only hands batches over (and waits on the pipe).
         store.start(call_soon, functools.partial(lower_thread_priority, nice), nice=nice)
     else:
-        store.start(call_soon, functools.partial(lower_thread_priority, nice))
+        store.background = Background(nice, config.broker.writer_idle)
+        store.start(call_soon, store.background.setup)
     log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d "
              "(writer: %s)", store.path, time.monotonic() - started, store.count,
              router.session, config.store.writer)

@@ -10,7 +10,6 @@ publishes the last file.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 
 import trio
@@ -18,7 +17,7 @@ import trio
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
 from broker.serving.context import BrokerContext
-from broker.serving.scheduling import lower_thread_priority
+from broker.serving.scheduling import Background
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(reopen)
 
+    background = Background(cfg.writer_nice, ctx.config.broker.writer_idle)
     routelog = RoutingLog(
         directory,
         rotate_bytes=cfg.rotate_bytes,
@@ -59,8 +59,9 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         when_full=cfg.when_full,
         close_gate=lambda: gate.close(GATE_HOLDER),
         request_open=request_open,
-        thread_setup=functools.partial(lower_thread_priority, cfg.writer_nice),
+        thread_setup=background.setup,
     )
+    routelog.background = background
     routelog.recovery = recovery
     routelog.waits_source = lambda: gate.waits
     routelog.attach(ctx.router)

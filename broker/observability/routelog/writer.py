@@ -163,6 +163,10 @@ class RoutingLog:
         # Set when the writer thread died of an unexpected exception.
         self.failure: BaseException | None = None
         self.waits_source: Callable[[], int] = lambda: 0
+        # The writer thread's scheduling (broker/serving/scheduling.py,
+        # Background; set by the service): idle while it keeps up, at its
+        # nice value once a quarter of queue_records waits.
+        self.background: Any = None
         self.buffer: RecordBuffer | ColumnBuffer | None = None
         self._queue: queue.SimpleQueue[list[str] | Columns | None] = queue.SimpleQueue()
         # Trio thread: (handed count after a batch, time.time() its first record
@@ -200,6 +204,9 @@ class RoutingLog:
         pending = self.buffer.take()
         count = pending.rows if isinstance(pending, Columns) else len(pending)
         backlog = self.stats.handed - self.stats.records - self.stats.lost
+        background = self.background
+        if backlog > self.queue_records // 4 and background is not None and background.idle:
+            background.behind()  # a starved idle writer gets its share back
         if backlog > self.queue_records and self.when_full == "drop":
             self.stats.dropped += count
             if isinstance(pending, Columns) and pending.new_parts:
@@ -291,6 +298,10 @@ class RoutingLog:
                     self._finish()
                 if self.gate_closed and self.stats.handed - self.stats.records <= self.low_water:
                     self._request_open()
+                background = self.background
+                if (background is not None and not background.idle
+                        and self.stats.handed - self.stats.records < self.queue_records // 16):
+                    background.caught_up()
             if self._file is not None:
                 self._finish()
         except _GiveUp:
