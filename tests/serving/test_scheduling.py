@@ -168,4 +168,130 @@ def test_a_reload_says_the_hints_need_a_restart() -> None:
     old = Config()
     new = attrs.evolve(old, broker=attrs.evolve(old.broker, routing_slice=0.001, writer_nice=3))
     assert _restart_needed(old, new) == ["broker.routing_slice", "broker.writer_nice"]
+    assert _restart_needed(old, attrs.evolve(old, broker=attrs.evolve(
+        old.broker, writer_idle=False))) == ["broker.writer_idle"]
     assert _restart_needed(old, old) == []
+
+
+def _policy(tid: int) -> int:
+    """A thread's scheduling policy (field 41 of /proc stat)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2:].split()[38])
+
+
+class _Writer:
+    """A live thread that ran ``background.setup`` and waits: a writer stand-in."""
+
+    def __init__(self, background: scheduling.Background) -> None:
+        self.done = threading.Event()
+        ready = threading.Event()
+        self.tid = 0
+
+        def run() -> None:
+            self.tid = threading.get_native_id()
+            background.setup()
+            ready.set()
+            self.done.wait()
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        ready.wait()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+needs_the_right = pytest.mark.skipif(
+    sys.platform != "linux" or not scheduling.may_raise_priority(10),
+    reason="raising a thread back from SCHED_IDLE needs root, CAP_SYS_NICE or RLIMIT_NICE")
+
+
+@needs_the_right
+def test_a_background_writer_is_idle_until_behind_and_idle_again_once_caught_up() -> None:
+    bg = scheduling.Background(10, idle=True)
+    writer = _Writer(bg)
+    try:
+        assert bg.idle and _policy(writer.tid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, writer.tid) >= 10  # its nice value too
+        bg.behind()  # from this (another) thread, as the routing thread does
+        assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, writer.tid) >= 10  # nice kept
+        bg.behind()  # nothing to change: no system call
+        bg.caught_up()
+        assert bg.idle and _policy(writer.tid) == os.SCHED_IDLE
+        assert bg.switches == 3
+    finally:
+        writer.stop()
+    assert _policy(threading.get_native_id()) == os.SCHED_OTHER  # the caller untouched
+
+
+@linux
+def test_without_idle_or_the_right_a_writer_keeps_its_nice_value(monkeypatch) -> None:
+    for bg in (scheduling.Background(5, idle=False), None):
+        if bg is None:  # the right to come back is missing: never idle
+            monkeypatch.setattr(scheduling, "may_raise_priority", lambda nice: False)
+            bg = scheduling.Background(5, idle=True)
+        writer = _Writer(bg)
+        try:
+            bg.caught_up()
+            assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+            assert bg.switches == 0
+        finally:
+            writer.stop()
+
+
+@needs_the_right
+def test_the_routing_log_raises_a_starved_writer_when_its_backlog_grows(tmp_path) -> None:
+    """handoff() on the routing thread: past a quarter of queue_records waiting, an idle
+    writer gets its nice value back (a writer starved of CPU cannot notice it itself)."""
+    from broker.core.router import Router
+    from broker.observability.routelog.files import LogDirectory
+    from broker.observability.routelog.writer import RoutingLog
+    from tests.observability.routelog.test_record import send, sink
+
+    d = LogDirectory(str(tmp_path), 1)
+    d.open()
+    rl = RoutingLog(d, rotate_bytes=1 << 30, rotate_seconds=3600.0, queue_records=400)
+    router = Router(hostname="test")
+    rl.attach(router)
+    rl.background = bg = scheduling.Background(0, idle=True)
+    writer = _Writer(bg)  # stands in for the writer thread, which never takes anything here
+    try:
+        pub = sink(router)
+        for i in range(100):  # hand-offs of 100: the backlog reaches 100, not past it
+            send(router, pub, seq=str(i).encode())
+        assert bg.idle
+        for i in range(101):
+            send(router, pub, seq=str(i).encode())
+        rl.handoff()
+        assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+    finally:
+        writer.stop()
+        d.close()
+
+
+@linux
+@pytest.mark.parametrize("idle", [True, False])
+def test_the_broker_writer_threads_are_idle_where_they_may_be(idle: bool) -> None:
+    config = "" if idle else "[broker]\nwriter_idle = false\n"
+    if (os.environ.get("SKAN_TEST_STORE_WRITER") or WRITER_DEFAULT) == "process":
+        pytest.skip("the store's writer is a process here")
+    expect = 2 if idle and scheduling.may_raise_priority(10) else 0
+    with BrokerProcess(config) as proc:
+        assert proc.proc is not None
+        pid = proc.proc.pid
+
+        def idle_threads() -> int:
+            n = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+                n += int(stat[stat.rindex(")") + 2:].split()[38]) == os.SCHED_IDLE
+            return n
+
+        deadline = time.monotonic() + 10
+        while idle_threads() != expect and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert idle_threads() == expect  # the store's and the routing log's writers
