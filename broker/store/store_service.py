@@ -25,6 +25,15 @@ from broker.store.writer_process import ProcessStore
 
 log = logging.getLogger(__name__)
 
+# How often the trio thread checks that an idle writer thread (SCHED_IDLE,
+# [broker] writer_idle) still commits: one that committed nothing for this
+# long while operations waited is starved by other work on the machine and
+# gets its nice value back (StoreWriter.check_progress).  It bounds what a
+# power loss can take while the writer is starved (flush_interval
+# otherwise), at a trio timer (a thread hand-over under the host loop)
+# five times a second.
+WATCH_INTERVAL = 0.2
+
 
 def open_retention(config: Config, router: Router) -> Store | RetentionStore:
     """The durable store, or the in-memory ring when ``[store] enabled = false``.
@@ -61,5 +70,10 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
 
 
 async def serve_store(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    ctx.retention = open_retention(ctx.config, ctx.router)
+    ctx.retention = store = open_retention(ctx.config, ctx.router)
     task_status.started([])
+    background = getattr(store, "background", None)
+    if isinstance(store, Store) and background is not None and background.may_idle:
+        while True:
+            await trio.sleep(WATCH_INTERVAL)
+            store.check_progress()

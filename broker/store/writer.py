@@ -467,6 +467,8 @@ class StoreWriter:
         self._call_soon: Callable[[Callable[[], None]], None] | None = None
         # The writer thread's scheduling (set by the service before start).
         self.background: Background | None = None
+        # check_progress: (operations were waiting, commits) at the last check.
+        self._watched = (False, -1)
         self._thread_setup: Callable[[], object] | None = None
         # Called in the trio thread with each commit report, in commit order.
         self.on_report: list[Callable[[tuple[int, int], bool], None]] = []
@@ -596,6 +598,19 @@ class StoreWriter:
         if not self._signalled:
             self._signalled = True
             self._wake.set()
+
+    def check_progress(self) -> None:
+        """Trio thread, every store_service.WATCH_INTERVAL: a writer under SCHED_IDLE
+        that committed nothing between two checks that both found operations
+        waiting is starved by other work on the machine: it gets its nice value
+        back (and goes idle again once it has caught up)."""
+        commits = self.stats.commits + self.stats.failed_commits
+        waiting = bool(self._ops)
+        background = self.background
+        if (waiting and self._watched[0] and commits == self._watched[1]
+                and background is not None and background.idle):
+            background.behind()
+        self._watched = (waiting, commits)
 
     def spool_add(self, bridge: str, routed: Routed) -> None:
         self._ops.append((SPOOL_ADD, bridge, routed.session, routed.instance, routed.timestamp,

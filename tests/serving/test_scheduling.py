@@ -295,3 +295,33 @@ def test_the_broker_writer_threads_are_idle_where_they_may_be(idle: bool) -> Non
         while idle_threads() != expect and time.monotonic() < deadline:
             time.sleep(0.05)
         assert idle_threads() == expect  # the store's and the routing log's writers
+
+
+@needs_the_right
+def test_the_store_raises_a_writer_that_commits_nothing_while_messages_wait(tmp_path) -> None:
+    """check_progress (the trio thread's watch, store_service.WATCH_INTERVAL): a writer
+    under SCHED_IDLE that committed nothing between two checks while operations
+    waited is starved; it gets its nice value back.  The byte bound (observe) raises
+    it too, far sooner under a flood."""
+    from broker.store import writer as store_writer
+    from tests.store.test_store import route, setup
+
+    store, router, sender = setup(tmp_path)  # the writer thread is never started: starved
+    store.background = bg = scheduling.Background(10, idle=True)
+    writer = _Writer(bg)
+    try:
+        store.check_progress()  # nothing queued
+        store.check_progress()
+        assert bg.idle
+        route(router, sender, 3)
+        store.check_progress()  # messages came since the last look: not late yet
+        assert bg.idle
+        store.check_progress()  # no commit since, the messages still waiting
+        assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+        bg.caught_up()
+        route(router, sender, 1, size=store_writer.BEHIND_BYTES)  # past the byte bound
+        route(router, sender, 1)  # observe sees the backlog
+        assert not bg.idle
+    finally:
+        writer.stop()
+        store.close()
