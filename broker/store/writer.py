@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
@@ -62,8 +62,16 @@ from broker.store.heap import trim
 from broker.store.state import StoreState, state_path, write_state
 from wire.hattime import split_timestamp
 
-if TYPE_CHECKING:  # the service sets it: the store does not import the serving layer
-    from broker.serving.scheduling import Background
+
+class Background(Protocol):
+    """The writer thread's scheduling, as the store sees it (the service sets
+    broker/serving/scheduling.Background; the store does not import serving)."""
+
+    idle: bool
+
+    def behind(self) -> None: ...
+
+    def caught_up(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
