@@ -25,6 +25,15 @@
 #include <limits.h>
 #include <unistd.h>
 
+/* Every read lands here first, then is copied into a bytes object of its
+ * own size: os.read allocates the whole n (256 KiB on the routing thread)
+ * and shrinks it to what arrived, a large malloc and realloc for each
+ * 100-byte message.  One static buffer is safe because the GIL is held
+ * across the call: only one thread is ever inside it.  Larger requests
+ * take os.read's way. */
+#define READ_BUFFER (256 * 1024)
+static char read_buffer[READ_BUFFER];
+
 static int
 fd_of(PyObject *arg, int *fd)
 {
@@ -55,6 +64,21 @@ read_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (n < 0) {
         PyErr_SetString(PyExc_ValueError, "negative length");
         return NULL;
+    }
+    if (n <= READ_BUFFER) {
+        for (;;) {
+            ssize_t got = read(fd, read_buffer, (size_t)n);
+            if (got >= 0)
+                return PyBytes_FromStringAndSize(read_buffer, got);
+            int err = errno;
+            if (err == EINTR && PyErr_CheckSignals() == 0)
+                continue;
+            if (err != EINTR) {  /* else the handler's exception is set */
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+            }
+            return NULL;
+        }
     }
     PyObject *buf = PyBytes_FromStringAndSize(NULL, n);
     if (buf == NULL)

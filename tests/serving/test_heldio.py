@@ -4,6 +4,7 @@ EAGAIN, errors, a signal during the call, and that the lock really is kept."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -69,12 +70,23 @@ def test_the_same_results_as_os_read_and_write(pair, impl):
 
 @compiled
 def test_a_full_socket_gives_eagain_and_a_partial_write(pair):
-    a, _ = pair
+    a, b = pair
     total = 0
     with pytest.raises(BlockingIOError):
         while True:
-            total += heldio.write(a.fileno(), b"y" * 65536)
+            total += heldio.write(a.fileno(), bytes([total % 251]) * 65536)
     assert total > 0
+    # Read back through both of read's ways: the static buffer (n up to 256
+    # KiB) and a buffer of n bytes of its own (larger n), in order.
+    got = bytearray()
+    for n in (1, 256 * 1024, 1 << 20, 300 * 1024):
+        with contextlib.suppress(BlockingIOError):
+            while len(got) < total:
+                got += heldio.read(b.fileno(), n)
+                if n == 1 and len(got) >= 10:
+                    break
+    expected = b"".join(bytes([k % 251]) * 65536 for k in range(0, total, 65536))
+    assert len(got) == total and bytes(got) == expected[:total]
 
 
 @compiled
