@@ -48,6 +48,19 @@ fd_of(PyObject *arg, int *fd)
     return 0;
 }
 
+/* After a failed call with errno ``err``: 1 to make it again (EINTR, and the
+ * signal handlers ran without raising, PEP 475), else 0 with the exception
+ * set (the handler's, or the errno as its OSError subclass). */
+static int
+again(int err)
+{
+    if (err == EINTR)
+        return PyErr_CheckSignals() == 0;
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return 0;
+}
+
 static PyObject *
 read_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -65,40 +78,27 @@ read_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "negative length");
         return NULL;
     }
-    if (n <= READ_BUFFER) {
-        for (;;) {
-            ssize_t got = read(fd, read_buffer, (size_t)n);
-            if (got >= 0)
-                return PyBytes_FromStringAndSize(read_buffer, got);
-            int err = errno;
-            if (err == EINTR && PyErr_CheckSignals() == 0)
-                continue;
-            if (err != EINTR) {  /* else the handler's exception is set */
-                errno = err;
-                PyErr_SetFromErrno(PyExc_OSError);
-            }
+    PyObject *buf = NULL;  /* a bytes of n, read into directly, past READ_BUFFER */
+    char *into = read_buffer;
+    if (n > READ_BUFFER) {
+        buf = PyBytes_FromStringAndSize(NULL, n);
+        if (buf == NULL)
             return NULL;
-        }
+        into = PyBytes_AS_STRING(buf);
     }
-    PyObject *buf = PyBytes_FromStringAndSize(NULL, n);
-    if (buf == NULL)
-        return NULL;
     for (;;) {
-        ssize_t got = read(fd, PyBytes_AS_STRING(buf), (size_t)n);
+        ssize_t got = read(fd, into, (size_t)n);
         if (got >= 0) {
+            if (buf == NULL)
+                return PyBytes_FromStringAndSize(read_buffer, got);
             if (got != n && _PyBytes_Resize(&buf, got) < 0)
                 return NULL;
             return buf;
         }
-        int err = errno;
-        if (err == EINTR && PyErr_CheckSignals() == 0)
-            continue;
-        Py_DECREF(buf);
-        if (err != EINTR) {  /* else the handler's exception is set */
-            errno = err;
-            PyErr_SetFromErrno(PyExc_OSError);
+        if (!again(errno)) {
+            Py_XDECREF(buf);
+            return NULL;
         }
-        return NULL;
     }
 }
 
@@ -121,15 +121,10 @@ write_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyBuffer_Release(&view);
             return PyLong_FromSsize_t(sent);
         }
-        int err = errno;
-        if (err == EINTR && PyErr_CheckSignals() == 0)
-            continue;
-        PyBuffer_Release(&view);
-        if (err != EINTR) {  /* else the handler's exception is set */
-            errno = err;
-            PyErr_SetFromErrno(PyExc_OSError);
+        if (!again(errno)) {
+            PyBuffer_Release(&view);
+            return NULL;
         }
-        return NULL;
     }
 }
 
