@@ -6,6 +6,8 @@
     python -m bench.run --pure                   # adds a broker with SKAN_PURE_PYTHON=1
     python -m bench.run --bare                   # adds a broker with log, metrics, retention off
     python -m bench.run --feature-costs          # adds one broker per feature turned off
+    python -m bench.run --variant 'flush25=[store]\nflush_interval = 0.025'
+                                                 # adds a broker with these settings too
     python -m bench.run --broker 127.0.0.1:9912  # a Skan broker that is already running
 
 Scenarios (100-byte payloads): 1->1, 1->10, 10->1 (one group), 100->100 (100
@@ -85,6 +87,8 @@ async def main(args: argparse.Namespace) -> None:
             for writer in ("thread", "process"):
                 skan(f"skan-store{writer}",
                      Broker(config + f'\n[store]\nwriter = "{writer}"\n'))
+        for name, toml in args.variant:
+            skan(f"skan-{name}", Broker(config + "\n" + toml + "\n"))
         if args.bare:
             skan("skan-bare", Broker(config + BARE))
         if args.pure:
@@ -98,6 +102,14 @@ async def main(args: argparse.Namespace) -> None:
               f"{args.seconds:.0f}s per case, 100-byte payloads", flush=True)
         await run(targets, scenarios, args.rounds, args.seconds, args.rate,
                   args.latency_seconds, not args.no_memory)
+
+
+def _variant(text: str) -> tuple[str, str]:
+    """``NAME=TOML`` of --variant: the broker's name and its extra settings."""
+    name, sep, toml = text.partition("=")
+    if not sep or not name or not toml:
+        raise argparse.ArgumentTypeError(f"expected NAME=TOML, got {text!r}")
+    return name, toml.replace("\\n", "\n")
 
 
 def parse_args() -> argparse.Namespace:
@@ -114,6 +126,9 @@ def parse_args() -> argparse.Namespace:
                    f"as 'store,log'; features: {', '.join(FEATURES_OFF)})")
     p.add_argument("--store-writers", action="store_true",
                    help="also run a broker with each [store] writer (thread, process)")
+    p.add_argument("--variant", action="append", default=[], type=_variant, metavar="NAME=TOML",
+                   help="also run a broker named skan-NAME with these settings added to the "
+                   "config (\\n between lines); repeatable")
     p.add_argument("--no-anchors", action="store_true", help="skip Mosquitto and NATS")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the 10,000 idle connections memory figure")
