@@ -419,4 +419,38 @@ def _table(names: list[str], scenarios: list[str], rates: dict[tuple[str, str], 
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     print("\nRatios are product/anchor within this run (throughput: higher is better; "
           "latency and memory: lower is better).")
+    summary["paired"] = _paired(products, lats, rate)
     return summary
+
+
+def _paired(products: list[str], lats: dict[tuple[str, str], list[Latency]], rate: int
+            ) -> dict[str, list[float]]:
+    """Print and return each round's own ratio of a latency figure to its reference.
+
+    The pairs: each product over NATS, and the default ``skan`` over each
+    ``skan-noX`` broker (what feature X costs: on / off).  A round's pair was
+    measured minutes apart at most, so these ratios move less with the
+    machine's phase than the ratio of the medians in the table above;
+    their median is printed beside them.
+    """
+    pairs = [(p, "nats") for p in products] + [
+        ("skan", p) for p in products if p.startswith("skan-no")]
+    out: dict[str, list[float]] = {}
+    lines = []
+    for shape in LATENCY_SHAPES:
+        kind = "bursts" if shape == "latency" else "isolated"
+        for q in ("p99", "cpu"):
+            for a, b in pairs:
+                xs, ys = lats.get((shape, a), []), lats.get((shape, b), [])
+                ratios = [getattr(x, q) / getattr(y, q) for x, y in zip(xs, ys, strict=False)
+                          if getattr(x, q) and getattr(y, q)]
+                if not ratios:
+                    continue
+                label = f"{kind} {q if q == 'p99' else 'CPU'} {a}/{b}"
+                out[label] = ratios
+                lines.append(f"  {label:<40} " + " ".join(f"{r:.2f}" for r in ratios)
+                             + f"  (median {statistics.median(ratios):.2f}x)")
+    if lines:
+        print(f"\nPer-round ratios at {rate:,} msgs/s (each round's pair measured in turn):")
+        print("\n".join(lines))
+    return out

@@ -18,6 +18,11 @@ turns, one message per write, every 100 us), and resident memory per idle
 connection with 10,000 connections open.
 Mosquitto and NATS are the Debian packages, installed when missing.
 
+After the table, each round's own ratio of the latency p99 and CPU to NATS
+(and of the default broker to each --feature-costs broker) with their
+median: a round's pair was measured in turn, so these move less with the
+machine than the ratio of two medians.
+
 Targets (issue 13, ratios in the same run): 1->1 >= 1.5x Mosquitto, 1->10 >=
 5x Mosquitto, 10->1 >= 1.5x Mosquitto, p99 <= 1.5x NATS at 10,000 msgs/s;
 issue 25: the same p99 target for isolated messages too, store-on p99 <=
