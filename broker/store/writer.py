@@ -119,6 +119,17 @@ WAL_CHECK_FLUSHES = 8
 TRIM_BYTES = 32 * 1024 * 1024
 # Seconds the writer sleeps when idle before it checks max_age again.
 IDLE_WAKE = 1.0
+# Evicted rows (runs wholly below the watermark) deleted together: the
+# watermark evicts exactly at every commit, and readers skip what lies
+# below it, but a DELETE rewrites the left edge of the table and of its
+# five indexes (six WAL pages) and reads what it frees: one DELETE a
+# commit was 2.4 us of the broker's CPU per isolated message at 10,000
+# msgs/s, a store that never evicted against one that did (docs/store.md,
+# "What is left of the store's cost").  Rows wait for at most this many
+# runs, or for DELETE_SHARE of max_bytes (txn_bytes without a byte bound)
+# of frames: the room the disk bound leaves them.
+DELETE_RUNS = 32
+DELETE_SHARE = 16
 # SESSION_LEASE (sessions reserved ahead of use) lives in broker/store/db.py
 # with the rest of the session counter's rules (state file: state.py).
 
@@ -418,6 +429,8 @@ class StoreWriter:
         self.flush_interval = flush_interval
         share = max_bytes // WAL_SHARE if max_bytes else MAX_TXN_BYTES
         self.txn_bytes = max(MIN_TXN_BYTES, min(MAX_TXN_BYTES, share))
+        # Frame bytes of evicted rows that may wait for their DELETE.
+        self.delete_bytes = max_bytes // DELETE_SHARE if max_bytes else self.txn_bytes
         self.wal_bytes = min(self.txn_bytes, WAL_CYCLE_BYTES)
         # Frame bytes each bridge's spool keeps (0: no bound; broker/store/spool.py).
         self.spool_max_bytes = spool_max_bytes
@@ -456,6 +469,11 @@ class StoreWriter:
         self._latest_seq = self._conn.execute(
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
         self._ops: deque[tuple] = deque()
+        # Evicted rows waiting for their DELETE (writer thread): every run up
+        # to the first is evicted (waiting or gone; 0 after a start: not
+        # known), the second and third count the waiting rows and their
+        # frame bytes.  Applied only once its transaction committed.
+        self._waiting: tuple[int, int, int] = (0, 0, 0)
         # The run being evicted in parts: its key and arrays (_run_arrays).
         self._evicting: tuple[tuple[int, int, int], array, array,
                               list[tuple[int, int]] | None] | None = None
@@ -818,7 +836,7 @@ class StoreWriter:
                 conn.executemany("INSERT OR REPLACE INTO resume VALUES (?, ?, ?, ?)",
                                  resume.values())
             count, nbytes = self.count + new_events, self.bytes + sum(r[8] for r in rows)
-            count, nbytes, evicted, upto = self._evict(count, nbytes)
+            count, nbytes, evicted, upto, waiting = self._evict(count, nbytes)
             latest_keys = self._evict_latest(latest)
             ceiling = self._ceiling
             if max_session + SESSION_LEASE // 2 > ceiling:
@@ -841,6 +859,7 @@ class StoreWriter:
                               self.stats.spool_lost)
             return
         self.count, self.bytes, self._ceiling = count, nbytes, ceiling
+        self._waiting = waiting
         if ceiling != self._state_ceiling and self._state_ceiling >= 0:
             self._raise_state_ceiling()
         self._latest_keys = latest_keys
@@ -867,7 +886,7 @@ class StoreWriter:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            count, nbytes, evicted, upto = self._evict(self.count, self.bytes)
+            count, nbytes, evicted, upto, waiting = self._evict(self.count, self.bytes)
             if evicted != self.evicted:
                 self._write_meta(count, nbytes, evicted, upto, self._ceiling)
             conn.execute("COMMIT")
@@ -875,26 +894,32 @@ class StoreWriter:
             self._rollback()
             self._failed(0, exc)
             return
-        self.count, self.bytes = count, nbytes
+        self.count, self.bytes, self._waiting = count, nbytes, waiting
         if evicted != self.evicted:
             self.stats.evicted = self.evicted = evicted
             self.evicted_upto = upto
 
     def _evict(self, count: int, nbytes: int
-               ) -> tuple[int, int, int, tuple[int, int] | None]:
+               ) -> tuple[int, int, int, tuple[int, int] | None, tuple[int, int, int]]:
         """Evict the oldest events beyond size / max_bytes / max_age (inside the transaction).
 
         The newest evicted EventId is the watermark below which readers see
-        nothing; runs wholly below it are deleted.
+        nothing; runs wholly below it are deleted, :data:`DELETE_RUNS` at a
+        time (or :attr:`delete_bytes` of them, or all once nothing is
+        retained).  Returns the new count, bytes, evicted count and
+        watermark, and the rows waiting for their DELETE (``_waiting``).
         """
         size, max_bytes = self.size, self.max_bytes
         cutoff = self.clock() - self.max_age if self.max_age else None
         evicted, upto = self.evicted, self.evicted_upto
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
-            return count, nbytes, evicted, upto
+            return count, nbytes, evicted, upto, self._waiting
+        scan_from, waiting_runs, waiting_bytes = self._waiting
         done_run = None
+        # The scan starts past the rows that wait: each of them would cost a
+        # read of its ids, which lie after its frames (a whole overflow chain).
         cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts, ids "
-                                 "FROM runs ORDER BY run")
+                                 "FROM runs WHERE run > ? ORDER BY run", (scan_from,))
         for run, session, first, last, run_bytes, min_ts, max_ts, ids_b in cur:
             if ids_b is None:
                 n = last - first + 1
@@ -903,7 +928,9 @@ class StoreWriter:
                 n = len(ids_b) // 16
                 last_id = tuple(unpack("q", ids_b[-16:]))
             if upto is not None and last_id <= upto:
-                done_run = run
+                done_run = run  # evicted before (a row that waited across a restart)
+                waiting_runs += 1
+                waiting_bytes += run_bytes
                 continue
             # Each bound is monotone along a run (fewer messages, fewer bytes,
             # later timestamps): if one still calls for eviction at its last
@@ -916,6 +943,8 @@ class StoreWriter:
                 evicted += n
                 upto = last_id
                 done_run = run
+                waiting_runs += 1
+                waiting_bytes += run_bytes
                 continue
             if not (count > size or (max_bytes and nbytes > max_bytes)
                     or (cutoff is not None and min_ts < cutoff)):
@@ -944,10 +973,19 @@ class StoreWriter:
             if start + k < n:
                 break
             done_run = run
+            waiting_runs += 1
+            waiting_bytes += run_bytes
         cur.close()
         if done_run is not None:
-            self._conn.execute("DELETE FROM runs WHERE run <= ?", (done_run,))
-        return count, nbytes, evicted, upto
+            scan_from = done_run
+        if waiting_runs and (waiting_runs >= DELETE_RUNS or waiting_bytes >= self.delete_bytes
+                             or not count):
+            self._conn.execute("DELETE FROM runs WHERE run <= ?", (scan_from,))
+            waiting_runs = waiting_bytes = 0
+            if not count:
+                # The table is empty now, and SQLite numbers the next row 1.
+                scan_from = 0
+        return count, nbytes, evicted, upto, (scan_from, waiting_runs, waiting_bytes)
 
     def _run_arrays(self, run: int, session: int, first: int, last: int, ids_b: bytes | None
                     ) -> tuple[array, array, list[tuple[int, int]] | None]:
