@@ -915,7 +915,6 @@ class StoreWriter:
         if count <= size and (not max_bytes or nbytes <= max_bytes) and cutoff is None:
             return count, nbytes, evicted, upto, self._waiting
         scan_from, waiting_runs, waiting_bytes = self._waiting
-        done_run = None
         # The scan starts past the rows that wait: each of them would cost a
         # read of its ids, which lie after its frames (a whole overflow chain).
         cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts, ids "
@@ -928,56 +927,50 @@ class StoreWriter:
                 n = len(ids_b) // 16
                 last_id = tuple(unpack("q", ids_b[-16:]))
             if upto is not None and last_id <= upto:
-                done_run = run  # evicted before (a row that waited across a restart)
-                waiting_runs += 1
-                waiting_bytes += run_bytes
-                continue
+                pass  # evicted before (a row that waited across a restart)
             # Each bound is monotone along a run (fewer messages, fewer bytes,
             # later timestamps): if one still calls for eviction at its last
             # message, the whole run goes without decoding it.
-            if (upto is None or upto < (session, first)) and (
+            elif (upto is None or upto < (session, first)) and (
                     count - n >= size or (max_bytes and nbytes - run_bytes >= max_bytes)
                     or (cutoff is not None and max_ts < cutoff)):
                 count -= n
                 nbytes -= run_bytes
                 evicted += n
                 upto = last_id
-                done_run = run
-                waiting_runs += 1
-                waiting_bytes += run_bytes
-                continue
-            if not (count > size or (max_bytes and nbytes > max_bytes)
-                    or (cutoff is not None and min_ts < cutoff)):
+            elif not (count > size or (max_bytes and nbytes > max_bytes)
+                      or (cutoff is not None and min_ts < cutoff)):
                 break  # not even its first message goes
-            # Part of the run goes: its first `start` messages went before.
-            # Each bound is monotone along the run, so the number to evict
-            # is the largest of the three bounds' own (no loop per message).
-            offsets, times, ids = self._run_arrays(run, session, first, last, ids_b)
-            if upto is None or upto < (session, first):
-                start = 0
             else:
-                start = upto[1] - first + 1 if ids is None else bisect_right(ids, upto)
-            k = count - size
-            if max_bytes and nbytes > max_bytes:
-                # offsets are cumulative: the fewest messages whose bytes
-                # bring nbytes down to max_bytes.
-                k = max(k, bisect_left(offsets, nbytes - max_bytes + offsets[start], start) - start)
-            if cutoff is not None:
-                k = max(k, bisect_left(times, cutoff, start) - start)
-            k = min(k, n - start)
-            if k > 0:
-                count -= k
-                nbytes -= offsets[start + k] - offsets[start]
-                evicted += k
-                upto = (session, first + start + k - 1) if ids is None else ids[start + k - 1]
-            if start + k < n:
-                break
-            done_run = run
+                # Part of the run goes: its first `start` messages went before.
+                # Each bound is monotone along the run, so the number to evict
+                # is the largest of the three bounds' own (no loop per message).
+                offsets, times, ids = self._run_arrays(run, session, first, last, ids_b)
+                if upto is None or upto < (session, first):
+                    start = 0
+                else:
+                    start = upto[1] - first + 1 if ids is None else bisect_right(ids, upto)
+                k = count - size
+                if max_bytes and nbytes > max_bytes:
+                    # offsets are cumulative: the fewest messages whose bytes
+                    # bring nbytes down to max_bytes.
+                    k = max(k, bisect_left(offsets, nbytes - max_bytes + offsets[start],
+                                           start) - start)
+                if cutoff is not None:
+                    k = max(k, bisect_left(times, cutoff, start) - start)
+                k = min(k, n - start)
+                if k > 0:
+                    count -= k
+                    nbytes -= offsets[start + k] - offsets[start]
+                    evicted += k
+                    upto = (session, first + start + k - 1) if ids is None else ids[start + k - 1]
+                if start + k < n:
+                    break
+            # The whole run is evicted now: a row that waits for its DELETE.
+            scan_from = run
             waiting_runs += 1
             waiting_bytes += run_bytes
         cur.close()
-        if done_run is not None:
-            scan_from = done_run
         if waiting_runs and (waiting_runs >= DELETE_RUNS or waiting_bytes >= self.delete_bytes
                              or not count):
             self._conn.execute("DELETE FROM runs WHERE run <= ?", (scan_from,))
