@@ -93,9 +93,13 @@ class OutQueue:
         multi-MiB frames would copy megabytes with no checkpoint in between
         (bounded work per scheduling slice): large ones go out on their own.
         """
-        if self.size <= COALESCE_BYTES or len(self.items) == 1:
-            return self.take_all()
         items = self.items
+        if self.size <= COALESCE_BYTES or len(items) == 1:
+            # take_all(), inlined: this runs once per direct write.
+            data = items[0] if len(items) == 1 else b"".join(items)
+            self.items = []
+            self.size = 0
+            return data
         n = total = 0
         while n < len(items) and (n == 0 or total + len(items[n]) <= COALESCE_BYTES):
             total += len(items[n])

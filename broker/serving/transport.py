@@ -21,6 +21,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -439,6 +440,8 @@ async def run_connection(
     # (broker/serving/hostloop.py); None under a plain trio.run or with TLS.
     host = hostloop.current() if receiver.fd_of is not None else None
     more = False
+    # Bytes the endpoint held of an incomplete frame after the last read.
+    partial = 0
     # trio.current_time() without its two wrappers (once per read).
     clock_now = trio.lowlevel.current_clock().current_time
 
@@ -472,30 +475,29 @@ async def run_connection(
         if frame_started is not None:
             frame_started += paused
 
-    def route_slice(data: bytes) -> bool:
-        """Route what ``data`` (or, with b"", the input left over) holds, up to the
-        endpoint's slice bound; True when input is left for another slice."""
+    def take(data: bytes) -> bool:
+        """Route a read's ``data`` (b"": the input a slice bound left over), up
+        to the endpoint's slice bound; True when the reader's task has more
+        to do than wait for the next read (back-pressure, a slice left, a
+        frame timeout to arm, the connection closing, the admission gate
+        closed).  Sets ``more`` when input is left for another slice."""
+        nonlocal frame_started, more, partial
+        if data:
+            ep.last_rx = clock_now()
         # Routing latency (metrics): one clock pair per slice, never per message.
         latency = router.latency
         routed_before = counters.msgs_in
-        started = time.perf_counter() if latency is not None else 0.0
+        started = perf_counter() if latency is not None else 0.0
         writes = open_slice(router)
         try:
-            return on_bytes(data)
+            more = on_bytes(data)
         finally:
             close_slice(router, writes)
             if latency is not None:
-                latency.observe(time.perf_counter() - started, counters.msgs_in - routed_before)
-
-    def take(data: bytes) -> bool:
-        """Route a read's ``data``; True when the reader's task has more to do
-        than wait for the next read (back-pressure, a slice left, a frame
-        timeout to arm, the connection closing, the admission gate closed)."""
-        nonlocal frame_started, more
-        ep.last_rx = clock_now()
-        held = ep.partial_bytes()
-        more = route_slice(data)
-        partial = ep.partial_bytes()
+                latency.observe(perf_counter() - started, counters.msgs_in - routed_before)
+        # Only routing changes what the endpoint holds of an incomplete
+        # frame: the last count is the one before this read.
+        held, partial = partial, ep.partial_bytes()
         if not partial:
             frame_started = None
         elif frame_started is None or partial < held + len(data):
@@ -613,7 +615,7 @@ async def run_connection(
                         # burst never holds the event loop for the whole chunk.
                         while more and ep.closing is None:
                             await trio.lowlevel.checkpoint()
-                            more = route_slice(b"")
+                            take(b"")
                             if router.congested:
                                 await pause_for_congestion()
                 # Let the writer send what is queued (error frame, replies), then close.

@@ -43,7 +43,7 @@ class FrameSplitter(Reassembler):
         rx = self._rx
         first = None
         pos = 0
-        if len(rx):
+        if rx.held:
             first, data, pos = rx.resume(data)
         if type(data) is not bytes:
             data = bytes(data)

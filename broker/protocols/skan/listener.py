@@ -11,7 +11,7 @@ from broker.core.queue import QueuedEndpoint
 from broker.core.reasons import CloseReason, ErrorKind, Protocol
 from broker.core.refusals import Refused
 from broker.core.router import Routed, Router
-from broker.core.skan_handler import InputSlices, SkanHandler, error_frame
+from broker.core.skan_handler import SLICE_CHECK, InputSlices, SkanHandler, error_frame
 from broker.serving.context import BrokerContext
 from broker.serving.transport import (
     serve_protocol,
@@ -66,27 +66,39 @@ class SkanEndpoint(QueuedEndpoint):
         inp = self.input
         if data:
             try:
-                inp.add(self.splitter.receive_data(data))
+                frames = self.splitter.receive_data(data)
             except FramingError as exc:
                 self._fatal(ErrorKind.BAD_FRAME, str(exc))
                 return False
-        session = self.session
-        handle = session.handle
+            if len(frames) <= SLICE_CHECK and not inp.pending:
+                # The common case, and every isolated message: a few frames
+                # are one slice (InputSlices.take's own first case), handled
+                # without queueing them.
+                self._handle(frames)
+                return False
+            inp.add(frames)
         for frames in inp.take():
-            for frame in frames:
-                try:
-                    handle(frame)
-                except MalformedError as exc:
-                    self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
-                    return False
-                except Refused as rejected:
-                    self.router.counters.protocol_error(self.protocol, rejected.kind)
-                    self.enqueue(encode_frame(rejected.error_message()))
-                    if rejected.close:
-                        self.closing = CloseReason.PROTOCOL_ERROR
-                        return False
-        self.opened = session.named
+            if not self._handle(frames):
+                return False
         return inp.pending
+
+    def _handle(self, frames: list[bytes]) -> bool:
+        """Apply ``frames`` in order; False once the connection is closing."""
+        handle = self.session.handle
+        for frame in frames:
+            try:
+                handle(frame)
+            except MalformedError as exc:
+                self._fatal(ErrorKind.MALFORMED, f"malformed message: {exc}")
+                return False
+            except Refused as rejected:
+                self.router.counters.protocol_error(self.protocol, rejected.kind)
+                self.enqueue(encode_frame(rejected.error_message()))
+                if rejected.close:
+                    self.closing = CloseReason.PROTOCOL_ERROR
+                    return False
+        self.opened = self.session.named
+        return True
 
     def _fatal(self, kind: ErrorKind, reason: str) -> None:
         self.input.clear()
