@@ -137,7 +137,8 @@ class QueuedEndpoint(Endpoint):
         self.closing: str | None = None
         # True once the protocol's opening handshake is complete.
         self.opened = False
-        # trio clock time of the last bytes received (set by the transport).
+        # trio clock time of the last bytes received: set by the transport for
+        # protocols with keep-alive (the idle pinger's liveness), the only reader.
         self.last_rx = 0.0
         # Back-pressure state, owned by the transport: flagged in router.congested,
         # since when (trio clock), and the event the writer sets once drained.

@@ -482,8 +482,8 @@ async def run_connection(
         frame timeout to arm, the connection closing, the admission gate
         closed).  Sets ``more`` when input is left for another slice."""
         nonlocal frame_started, more, partial
-        if data:
-            ep.last_rx = clock_now()
+        if data and ping is not None:
+            ep.last_rx = clock_now()  # liveness, for the idle pinger
         # Routing latency (metrics): one clock pair per slice, never per message.
         latency = router.latency
         routed_before = counters.msgs_in
@@ -503,7 +503,7 @@ async def run_connection(
         elif frame_started is None or partial < held + len(data):
             # A frame completed in this chunk, so the incomplete
             # one began in it: its clock starts now.
-            frame_started = ep.last_rx
+            frame_started = clock_now()
         return (more or bool(router.congested) or ep.closing is not None
                 or (frame_started is not None and frame_timeout is not None)
                 or connections.gate.closed)
