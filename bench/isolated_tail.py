@@ -19,6 +19,7 @@ broker started through this module, which wraps, with
                   its hand-offs (log:table), the encoding (log:encode)
     trio:tick     a trio tick run by the host loop (broker/serving/hostloop.py)
     loop:step     a read routed from the host loop, when it took 0.2 ms or more
+                  (and loop:step/cpu, the routing thread's CPU in it)
 
 For each kind it prints how often it ran and how long it took, then the
 share of the slowest 1 % of messages (from send to read back) whose flight
@@ -51,6 +52,7 @@ def _instrument_and_run_broker(events_file: str) -> None:
     """Run the broker (its usual command line) with its writers' work stamped."""
     import atexit
     import gc
+    import resource
     import time
 
     import broker.store.writer as store_writer
@@ -60,6 +62,9 @@ def _instrument_and_run_broker(events_file: str) -> None:
 
     stamp = time.perf_counter_ns
     events: list[tuple[str, int, int]] = []
+    # Of the host-loop steps of 0.2 ms or more: how many the kernel preempted,
+    # how many slept (waited for the interpreter), and their page faults.
+    step_counts = collections.Counter[str]()
     gc_start = [0]
 
     def on_gc(phase: str, info: dict) -> None:
@@ -115,13 +120,23 @@ def _instrument_and_run_broker(events_file: str) -> None:
 
     async def stamped_serve(self: HostLoop, fd: int, step: Callable[[], object]) -> object:
         def timed() -> object:
-            began = stamp()
+            began, cpu = stamp(), time.thread_time_ns()
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
             try:
                 return step()
             finally:
                 ended = stamp()
                 if ended - began >= 200_000:
+                    after = resource.getrusage(resource.RUSAGE_THREAD)
                     events.append(("loop:step", began, ended))
+                    # Its CPU: a long step with little of it waited (for a
+                    # core, or for the interpreter), one with as much worked.
+                    events.append(("loop:step/cpu", began,
+                                   began + time.thread_time_ns() - cpu))
+                    step_counts["steps"] += 1
+                    step_counts["preempted"] += after.ru_nivcsw > ru.ru_nivcsw
+                    step_counts["slept"] += after.ru_nvcsw > ru.ru_nvcsw
+                    step_counts["page faults"] += after.ru_minflt - ru.ru_minflt
 
         return await serve(self, fd, timed)
 
@@ -129,7 +144,9 @@ def _instrument_and_run_broker(events_file: str) -> None:
 
     def save() -> None:
         pathlib.Path(events_file).write_text(
-            "".join(f"{kind} {began} {ended}\n" for kind, began, ended in events))
+            "".join(f"{kind} {began} {ended}\n" for kind, began, ended in events)
+            + "".join(f"count:{name.replace(' ', '_')} 0 {n}\n"
+                      for name, n in step_counts.items()))
 
     atexit.register(save)
     sys.argv[0] = "skan-broker"
@@ -170,9 +187,12 @@ async def run(args: argparse.Namespace) -> None:
                           lambda sent, got: samples.append((sent, got)), args.shape)
     first = samples[0][0] - 10_000_000
     events = []
+    counts: dict[str, int] = {}
     for line in pathlib.Path(events_file).read_text().splitlines():
         kind, began, ended = line.split()
-        if int(ended) >= first:
+        if kind.startswith("count:"):
+            counts[kind[6:].replace("_", " ")] = int(ended)
+        elif int(ended) >= first:
             events.append((kind, int(began), int(ended)))
     latency = sorted((got - sent, sent, got) for sent, got in samples)
     n = len(latency)
@@ -195,6 +215,9 @@ async def run(args: argparse.Namespace) -> None:
         d = sorted(durations[kind])
         print(f"{kind:<14} {len(d):>6} {d[len(d) // 2]:>8.3f} {d[-1]:>8.2f}   "
               f"{hit_slow[kind] / len(slow):>20.0%}   {hit_fast[kind] / len(fast):>22.0%}")
+    if counts:
+        print("host-loop steps of 0.2 ms or more (the whole run): "
+              + ", ".join(f"{name} {n}" for name, n in counts.items()))
     episodes(slow, events)
 
 
