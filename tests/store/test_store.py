@@ -544,3 +544,25 @@ def test_a_read_waits_for_the_commit_the_writer_thread_is_making(tmp_path, monke
     assert len(store.latest_entries(None)) == 1
     thread.join()
     store.close()
+
+
+def test_taking_the_queue_keeps_order_the_limit_and_the_byte_budget(tmp_path):
+    """_take's whole-queue path (everything queued fits the transaction's bytes)
+    and its per-operation path (it does not) take the same operations in order."""
+    store, router, sender = setup(tmp_path)
+    try:
+        route(router, sender, 10, size=100)
+        queued = list(store._ops)
+        assert len(queued) == 10
+        # Fits the budget: the first `limit` operations, the rest left queued.
+        assert store._take(4) == queued[:4]
+        assert list(store._ops) == queued[4:]
+        # Over the budget: one operation at least, then no more than the bytes allow.
+        store.txn_bytes = 1
+        assert store._take(10) == queued[4:5]
+        store.txn_bytes = 10 ** 9
+        assert store._take(0) == []
+        assert store._take(100) == queued[5:]
+        assert not store._ops
+    finally:
+        store.close()
