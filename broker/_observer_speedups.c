@@ -489,6 +489,372 @@ done:
 #endif
 }
 
+/* ---- RunBuilder: the store's open run, extended as batches are routed ------
+ *
+ * Routing batches that are one run each (batch_row's rule) and continue one
+ * another (merge_rows' rule) are appended, as the router hands them over,
+ * into the columns of one run: the writer then takes a flush's run as one
+ * object (take) instead of merging a row per batch.  With independent
+ * publishers that was 100-odd rows a flush, each a tuple of eight objects,
+ * read on cold caches by the writer while it held the GIL (about 0.1 ms a
+ * flush, which routing waited through: docs/store.md, "The open run").
+ *
+ * add() first reads the batch (the C API, as batch_row does) and only then,
+ * in plain C, checks the run's state and appends: the GIL is not given up
+ * between the check of ``sealed`` and the last write, so a writer that seals
+ * and takes the run never sees half a batch.  The columns are bytes objects
+ * of this object alone (reference count 1), grown by doubling and cut to
+ * their length by take(), which hands them over without a copy.
+ *
+ * The reference is merge_rows_py over batch_row_py's rows:
+ * tests/store/test_speedups.py feeds both the same random batches.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *src_tag;  /* owned: the source-timestamp header tag */
+    long long run_kind; /* the first item of take()'s tuple */
+    Py_ssize_t max_run;
+    long long max_bytes;
+    double max_span;
+    int sealed, contiguous;
+    long long n, nbytes;
+    long long session, first, last_session, last;
+    double min_ts, max_ts;
+    long long last_dl;
+    PyObject *grp, *inst, *last_frame; /* owned, NULL while empty */
+    /* Owned bytes, over-allocated; ids_b stays NULL while the run's EventIds
+     * are (session, first + i). */
+    PyObject *ts_b, *dl_b, *off_b, *fr_b, *ids_b;
+} RunBuilder;
+
+static PyTypeObject RunBuilder_Type;
+
+static PyObject *
+RunBuilder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *tag;
+    long long kind, max_bytes;
+    Py_ssize_t max_run;
+    double max_span;
+    if (!PyArg_ParseTuple(args, "OLnLd:RunBuilder", &tag, &kind, &max_run, &max_bytes,
+                          &max_span))
+        return NULL;
+    if (max_run < 1 || max_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "RunBuilder: max_run >= 1 and max_bytes >= 0");
+        return NULL;
+    }
+    RunBuilder *self = (RunBuilder *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->src_tag = Py_NewRef(tag);
+    self->run_kind = kind;
+    self->max_run = max_run;
+    self->max_bytes = max_bytes;
+    self->max_span = max_span;
+    self->contiguous = 1;
+    return (PyObject *)self;
+}
+
+static void
+RunBuilder_clear_columns(RunBuilder *self)
+{
+    Py_CLEAR(self->grp);
+    Py_CLEAR(self->inst);
+    Py_CLEAR(self->last_frame);
+    Py_CLEAR(self->ts_b);
+    Py_CLEAR(self->dl_b);
+    Py_CLEAR(self->off_b);
+    Py_CLEAR(self->fr_b);
+    Py_CLEAR(self->ids_b);
+}
+
+static void
+RunBuilder_dealloc(RunBuilder *self)
+{
+    RunBuilder_clear_columns(self);
+    Py_CLEAR(self->src_tag);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* *col holds at least ``need`` bytes, its first ``used`` kept: 0, or -1 with
+ * MemoryError and *col unchanged (a new object, not _PyBytes_Resize, which
+ * frees the old one when it fails). */
+static int
+column_room(PyObject **col, Py_ssize_t used, Py_ssize_t need)
+{
+    Py_ssize_t have = *col == NULL ? 0 : PyBytes_GET_SIZE(*col);
+    if (need <= have)
+        return 0;
+    Py_ssize_t size = have < 256 ? 256 : have;
+    while (size < need)
+        size *= 2;
+    PyObject *grown = PyBytes_FromStringAndSize(NULL, size);
+    if (grown == NULL)
+        return -1;
+    if (used > have)
+        used = have; /* nothing kept yet: the first append sets it */
+    if (used > 0)
+        memcpy(PyBytes_AS_STRING(grown), PyBytes_AS_STRING(*col), (size_t)used);
+    Py_XSETREF(*col, grown);
+    return 0;
+}
+
+/* *col cut to ``used`` bytes (its own object: reference count 1). */
+static int
+column_cut(PyObject **col, Py_ssize_t used)
+{
+    if (PyBytes_GET_SIZE(*col) == used)
+        return 0;
+    return _PyBytes_Resize(col, used);
+}
+
+/* Whether a batch read into ``run`` (one run, EventIds (session, first..),
+ * timestamps ts[0..n-1], bytes of exact type) continues the open run: the
+ * test of merge_rows (and merge_rows_py), and nothing else. */
+static int
+run_continues(RunBuilder *self, row_run *run, long long session, long long first)
+{
+    Py_ssize_t n = run->n;
+    return same_bytes(run->grp, self->grp) == 1 && same_bytes(run->inst, self->inst) == 1
+           && run->ts[0] >= self->max_ts && run->ts[n - 1] - self->min_ts <= self->max_span
+           && self->n + (long long)n <= (long long)self->max_run
+           && self->nbytes + (long long)run->total <= self->max_bytes
+           && (session > self->last_session || (session == self->last_session && first > self->last));
+}
+
+/* Appends a batch read into ``run``: only plain C from here (no Python code, so
+ * the GIL is not given up).  0, or -1 with MemoryError and nothing appended. */
+static int
+run_append(RunBuilder *self, row_run *run, long long session, long long first, long long last)
+{
+    Py_ssize_t n = run->n, have = (Py_ssize_t)self->n, all = have + n;
+    int contiguous = self->contiguous
+                     && (have == 0 || (session == self->last_session && first == self->last + 1));
+    if (column_room(&self->ts_b, 8 * have, 8 * all) < 0
+        || column_room(&self->dl_b, 8 * have, 8 * all) < 0
+        || column_room(&self->off_b, 8 * (have + 1), 8 * (all + 1)) < 0
+        || column_room(&self->fr_b, (Py_ssize_t)self->nbytes,
+                       (Py_ssize_t)self->nbytes + run->total) < 0
+        || (!contiguous && column_room(&self->ids_b, self->ids_b ? 16 * have : 0, 16 * all) < 0))
+        return -1;
+    long long *ids = self->ids_b ? (long long *)PyBytes_AS_STRING(self->ids_b) : NULL;
+    if (!contiguous && self->contiguous) {
+        /* Contiguous until now: the EventIds so far are (session, first + i). */
+        for (Py_ssize_t i = 0; i < have; i++) {
+            ids[2 * i] = self->session;
+            ids[2 * i + 1] = self->first + i;
+        }
+    }
+    memcpy(PyBytes_AS_STRING(self->ts_b) + 8 * have, run->ts, (size_t)(8 * n));
+    memcpy(PyBytes_AS_STRING(self->dl_b) + 8 * have, run->dl, (size_t)(8 * n));
+    long long *off = (long long *)PyBytes_AS_STRING(self->off_b);
+    char *fr = PyBytes_AS_STRING(self->fr_b) + self->nbytes;
+    if (have == 0)
+        off[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        off[have + i + 1] = self->nbytes + run->off[i + 1];
+        Py_ssize_t size = PyBytes_GET_SIZE(run->frames[i]);
+        memcpy(fr, PyBytes_AS_STRING(run->frames[i]), (size_t)size);
+        fr += size;
+        if (!contiguous) {
+            ids[2 * (have + i)] = session;
+            ids[2 * (have + i) + 1] = first + i;
+        }
+    }
+    if (have == 0) {
+        self->grp = Py_NewRef(run->grp);
+        self->inst = Py_NewRef(run->inst);
+        self->session = session;
+        self->first = first;
+        self->min_ts = run->ts[0];
+    }
+    Py_XSETREF(self->last_frame, Py_NewRef(run->frames[n - 1]));
+    self->contiguous = contiguous;
+    self->n += n;
+    self->nbytes += run->total;
+    self->last_session = session;
+    self->last = last;
+    self->max_ts = run->ts[n - 1];
+    self->last_dl = run->dl[n - 1];
+    return 0;
+}
+
+/* Message arrays of up to this many on the stack (a routing batch of an
+ * independent publisher is one message). */
+#define SMALL_BATCH 8
+
+/* add(batch): the batch's frame bytes (>= 0) when appended; -1 when it is one
+ * run but does not continue this one (or the run is sealed): start another;
+ * None when it is not one run (batch_row's None); NotImplemented when the
+ * reference must answer. */
+static PyObject *
+RunBuilder_add(RunBuilder *self, PyObject *batch)
+{
+    if (!PyList_CheckExact(batch))
+        return not_here();
+#if PY_BIG_ENDIAN
+    return not_here(); /* packed little-endian: the reference swaps */
+#else
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (n == 0)
+        return not_here();
+    if (n > self->max_run)
+        Py_RETURN_NONE;
+    long long ends[4];
+    int rc = batch_ends(batch, ends);
+    if (rc != 0)
+        return rc < 0 ? NULL : not_here();
+    long long session = ends[0], first = ends[1], last = ends[3];
+    if (ends[2] != session || last - first != (long long)(n - 1))
+        Py_RETURN_NONE;
+
+    PyObject *small_frames[SMALL_BATCH] = {NULL};
+    double small_ts[SMALL_BATCH];
+    long long small_dl[SMALL_BATCH], small_off[SMALL_BATCH + 1];
+    /* batch_row's max_run_bytes test of a batch is the run's bound too. */
+    row_run run = {self->src_tag, n, (Py_ssize_t)self->max_bytes, 0, NULL, NULL,
+                   small_frames, small_ts, small_dl, small_off};
+    if (n > SMALL_BATCH) {
+        run.frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+        run.ts = PyMem_Malloc((size_t)n * sizeof(double));
+        run.dl = PyMem_Malloc((size_t)n * sizeof(long long));
+        run.off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
+    }
+    PyObject *result = NULL;
+    if (run.frames == NULL || run.ts == NULL || run.dl == NULL || run.off == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    run.off[0] = 0;
+    int declined = 0;
+    for (Py_ssize_t i = 0; i < n && !declined; i++)
+        declined = row_message(&run, PyList_GET_ITEM(batch, i), i);
+    if (declined < 0)
+        goto done;
+    if (declined == 2) {
+        result = not_here();
+        goto done;
+    }
+    if (declined == 1 || run.ts[n - 1] - run.ts[0] > self->max_span) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (!PyBytes_CheckExact(run.grp) || !PyBytes_CheckExact(run.inst)) {
+        result = not_here(); /* compared without Python code below: bytes only */
+        goto done;
+    }
+    /* Plain C from here to the end of run_append. */
+    if (self->sealed || (self->n > 0 && !run_continues(self, &run, session, first))) {
+        result = PyLong_FromLong(-1);
+        goto done;
+    }
+    if (run_append(self, &run, session, first, last) == 0)
+        result = PyLong_FromSsize_t(run.total);
+done:
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (run.frames != NULL)
+            Py_XDECREF(run.frames[i]);
+    if (n > SMALL_BATCH) {
+        PyMem_Free(run.frames);
+        PyMem_Free(run.ts);
+        PyMem_Free(run.dl);
+        PyMem_Free(run.off);
+    }
+    Py_XDECREF(run.grp);
+    Py_XDECREF(run.inst);
+    return result;
+#endif
+}
+
+static PyObject *
+RunBuilder_seal(RunBuilder *self, PyObject *unused)
+{
+    self->sealed = 1;
+    Py_RETURN_NONE;
+}
+
+/* take(): seals the run and returns (run_kind, row, last timestamp, last
+ * delivery count, last frame, last session, events), the row being the 14
+ * columns merge_rows gives; None when nothing was appended.  The columns are
+ * handed over: a second take() returns None. */
+static PyObject *
+RunBuilder_take(RunBuilder *self, PyObject *unused)
+{
+    self->sealed = 1;
+    if (self->n == 0 || self->ts_b == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t n = (Py_ssize_t)self->n;
+    if (column_cut(&self->ts_b, 8 * n) < 0 || column_cut(&self->dl_b, 8 * n) < 0
+        || column_cut(&self->off_b, 8 * (n + 1)) < 0
+        || column_cut(&self->fr_b, (Py_ssize_t)self->nbytes) < 0
+        || (!self->contiguous && column_cut(&self->ids_b, 16 * n) < 0)) {
+        RunBuilder_clear_columns(self); /* _PyBytes_Resize freed a column */
+        self->n = 0;
+        return NULL;
+    }
+    PyObject *ids = self->contiguous ? Py_None : self->ids_b;
+    PyObject *result = Py_BuildValue(
+        "(L(LLLOOddOLOOOOO)dLOLL)", self->run_kind, self->session, self->first, self->last,
+        self->grp, self->inst, self->min_ts, self->max_ts, Py_None, self->nbytes, self->ts_b,
+        self->dl_b, self->off_b, self->fr_b, ids, self->max_ts, self->last_dl, self->last_frame,
+        self->last_session, self->n);
+    if (result != NULL) {
+        RunBuilder_clear_columns(self);
+        self->n = 0;
+    }
+    return result;
+}
+
+static PyObject *
+RunBuilder_get_nbytes(RunBuilder *self, void *unused)
+{
+    return PyLong_FromLongLong(self->nbytes);
+}
+
+static PyObject *
+RunBuilder_get_events(RunBuilder *self, void *unused)
+{
+    return PyLong_FromLongLong(self->n);
+}
+
+static PyObject *
+RunBuilder_get_sealed(RunBuilder *self, void *unused)
+{
+    return PyBool_FromLong(self->sealed);
+}
+
+static PyMethodDef RunBuilder_methods[] = {
+    {"add", (PyCFunction)RunBuilder_add, METH_O,
+     "add(batch): frame bytes appended (>= 0), -1 (another run), None (not one run) or "
+     "NotImplemented."},
+    {"seal", (PyCFunction)RunBuilder_seal, METH_NOARGS, "seal(): no batch is appended after."},
+    {"take", (PyCFunction)RunBuilder_take, METH_NOARGS,
+     "take(): seal, and the run as (run_kind, row, last ts, last delivered, last frame, last "
+     "session, events), or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef RunBuilder_getset[] = {
+    {"nbytes", (getter)RunBuilder_get_nbytes, NULL, "Frame bytes appended.", NULL},
+    {"events", (getter)RunBuilder_get_events, NULL, "Messages appended.", NULL},
+    {"sealed", (getter)RunBuilder_get_sealed, NULL, "Whether add() refuses.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RunBuilder_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "broker._observer_speedups.RunBuilder",
+    .tp_basicsize = sizeof(RunBuilder),
+    .tp_dealloc = (destructor)RunBuilder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RunBuilder(source_tag, run_kind, max_run, max_run_bytes, max_span): the "
+              "store's open run (see broker/store/batch_rows.py).",
+    .tp_methods = RunBuilder_methods,
+    .tp_getset = RunBuilder_getset,
+    .tp_new = RunBuilder_new,
+};
+
 /* Append the ASCII text of a str to *p (the caller sized the buffer). */
 static inline void
 put(char **p, PyObject *ascii)
@@ -1059,5 +1425,14 @@ PyInit__observer_speedups(void)
         if (*NAMES[i].var == NULL)
             return NULL;
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&RunBuilder_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RunBuilder", (PyObject *)&RunBuilder_Type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

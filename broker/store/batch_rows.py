@@ -34,7 +34,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import repeat
 from operator import attrgetter, contains
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.core.events import SOURCE_TIMESTAMP_TAG
 from broker.core.retention import Entry
@@ -126,6 +126,42 @@ if _batch_row_c is not None:
         from broker._observer_speedups import merge_rows as _merge_rows_c
     except ImportError:  # pragma: no cover - an extension built before merge_rows
         _merge_rows_c = None
+
+
+# The store's open run (broker/_observer_speedups.c, RunBuilder): the routing
+# thread appends each batch that is one run and continues it, the writer
+# takes it whole once a flush.  None without the extension: the store then
+# queues each batch's row (batch_row) and the writer merges them
+# (merge_rows), which is the reference the builder is held to.
+RunBuilder: type | None = None
+if _merge_rows_c is not None:
+    try:
+        from broker._observer_speedups import RunBuilder
+    except ImportError:  # pragma: no cover - an extension built before RunBuilder
+        RunBuilder = None
+
+
+class OpenRun(Protocol):
+    """What the store asks of a RunBuilder (see broker/_observer_speedups.c)."""
+
+    nbytes: int  # frame bytes appended
+    events: int
+    sealed: bool
+
+    def add(self, batch: list[Routed]) -> int | None:
+        """Frame bytes appended (>= 0); -1: one run, but not this one's (or
+        sealed); None: not one run; NotImplemented: the reference answers."""
+
+    def seal(self) -> None: ...
+
+    def take(self) -> tuple | None: ...
+
+
+def new_run(run_kind: int) -> OpenRun:
+    """An open run whose take() returns ``(run_kind, row, ...)`` (the bounds are read
+    now: the differential tests lower them)."""
+    assert RunBuilder is not None
+    return RunBuilder(SOURCE_TIMESTAMP_TAG, run_kind, MAX_RUN, MAX_RUN_BYTES, MAX_RUN_SPAN)
 
 
 def batch_row(batch: list[Routed]) -> tuple | None:

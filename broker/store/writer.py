@@ -41,10 +41,13 @@ from broker.core.events import SOURCE_TIMESTAMP_TAG, source_timestamp
 from broker.core.router import Routed, Router
 from broker.core.tally import COUNTER, Family, counter
 from broker.store.batch_rows import (
+    OpenRun,
+    RunBuilder,
     batch_row,
     merge_rows,
     message_row,
     message_row_py,
+    new_run,
     run_ids,
     unpack,
 )
@@ -76,9 +79,12 @@ class Background(Protocol):
 log = logging.getLogger(__name__)
 
 # Operations queued for the writer thread (first element of each tuple; a
-# routing batch is queued as the list itself).  ALONE is the writer's own:
-# a message with a source timestamp, a run of its own (_expand).
-LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW, ALONE = range(6)
+# routing batch is queued as the list itself, and the open run -- batches
+# merged as they were routed -- as its RunBuilder).  ALONE is the writer's
+# own: a message with a source timestamp, a run of its own (_expand).  RUN
+# is a merged run: what _expand gives for every run and RunBuilder.take()
+# for an open one (the process writer's pipe carries it as such).
+LOST, SPOOL_ADD, SPOOL_DEL, RESUME, ROW, ALONE, RUN = range(7)
 
 # Bytes of frames queued for the writer before new messages are no longer
 # persisted (routing goes on): bounds the memory a stalled disk can take.
@@ -299,6 +305,13 @@ def _expand(ops: list) -> Iterator:
         if n >= YIELD_EVERY:
             n = 0
             os.sched_yield()  # releases the GIL: a waiting routing thread takes it
+        if type(op) is RunBuilder:
+            # An open run: merged as it was routed (batch_rows.RunBuilder).
+            merged = op.take()
+            if merged is not None:
+                yield merged
+            i += 1
+            continue
         if type(op) is list:
             # The first batch that is not one run: the rest of the queue with
             # every such batch as its rows (a row merged before it stays apart).
@@ -315,17 +328,17 @@ def _expand(ops: list) -> Iterator:
         if kind == ROW:
             j, row, events = merge_rows(ops, i, end, ROW)
             last = ops[j - 1]
-            # (ROW, the run's row, its last message's timestamp, delivery
+            # (RUN, the run's row, its last message's timestamp, delivery
             # count, frame and session, its number of messages)
-            yield (ROW, row, last[2], last[3], last[4], last[1][0], events)
+            yield (RUN, row, last[2], last[3], last[4], last[1][0], events)
             n += j - i - 1
             i = j
         elif kind == ALONE:
             row = op[1]
-            yield (ROW, (*row, None), op[2], op[3], op[4], row[0], 1)
+            yield (RUN, (*row, None), op[2], op[3], op[4], row[0], 1)
             i += 1
         else:
-            yield op
+            yield op  # RUN (from the process writer's pipe), spool, resume, LOST
             i += 1
 
 # The counters a commit keeps in meta, in one statement (_write_meta).
@@ -400,8 +413,8 @@ def collect(ops: Iterable, order: int) -> Transaction:
     last_id: tuple[int, int] | None = None  # the EventId of the last message so far
     for op in ops:
         kind = op[0]
-        if kind == ROW:
-            # (ROW, row, last timestamp, last delivered, last frame, last session, events)
+        if kind == RUN:
+            # (RUN, row, last timestamp, last delivered, last frame, last session, events)
             row = op[1]
             order += 1
             rows.append(row)
@@ -490,7 +503,10 @@ class StoreWriter:
             self._conn.execute("SELECT grp, inst FROM latest"))
         self._latest_seq = self._conn.execute(
             "SELECT coalesce(max(seq), 0) FROM latest").fetchone()[0]
-        self._ops: deque[tuple] = deque()
+        self._ops: deque[tuple | list | OpenRun] = deque()
+        # The open run: the queue's last operation while batches continue it
+        # (routing thread; None once anything else is queued after it).
+        self._open: OpenRun | None = None
         # Evicted rows waiting for their DELETE (writer thread): every run up
         # to the first is evicted (waiting or gone; 0 after a start: not
         # known), the second and third count the waiting rows and their
@@ -629,23 +645,52 @@ class StoreWriter:
         if pending > BEHIND_BYTES and self.background is not None and self.background.idle:
             self.background.behind()  # an idle writer starved of CPU gets its share back
         if pending > MAX_PENDING_BYTES:
+            self._open = None
             self._ops.append((LOST, last.session, last.instance, len(batch)))
         else:
-            # The row is built here, while the batch is hot in the cache and
-            # the routing thread holds the GIL anyway: measured, this costs
-            # the routing thread less than the writer thread's build took
-            # from it in GIL time, and the queue then holds bytes, not
-            # Routed objects (less for the garbage collector to walk).
-            row = batch_row(batch)
-            if row is None:
-                self._ops.append(batch)
-                self._added_bytes += sum(map(len, map(_frame, batch)))
-            else:
-                self._ops.append((ROW, row, last.timestamp, last.delivered, last.frame))
-                self._added_bytes += row[8]
+            self._queue_batch(batch)
         if not self._signalled:
             self._signalled = True
             self._wake.set()
+
+    def _queue_batch(self, batch: list[Routed]) -> None:
+        """A routing batch onto the queue: into the open run when it continues it,
+        else as a new open run, its row, or (not one run) the list itself.
+
+        The run is built here, while the batch is hot in the cache and the
+        routing thread holds the GIL anyway, and in C (RunBuilder.add):
+        the writer then takes a flush's run as one object.  Merging a row
+        per batch in the writer (independent publishers: 100-odd a flush)
+        held the GIL about 0.1 ms a flush on cold caches, which routing
+        waited through (docs/store.md, "The open run").
+        """
+        # -1: start an open run; None: not one run; NotImplemented: the
+        # reference's path (batch_row); an int >= 0: appended.
+        added = -1 if RunBuilder is not None else NotImplemented
+        open_run = self._open
+        if open_run is not None:
+            added = open_run.add(batch)
+            if type(added) is int and added >= 0:
+                self._added_bytes += added
+                return
+        if type(added) is int:  # -1: one run, but not the open one's
+            open_run = new_run(RUN)
+            added = open_run.add(batch)
+            if type(added) is int and added >= 0:
+                self._ops.append(open_run)
+                self._open = open_run
+                self._added_bytes += added
+                return
+        self._open = None
+        # None: not one run (RunBuilder.add read it; batch_row would say so too).
+        row = None if added is None else batch_row(batch)
+        if row is None:
+            self._ops.append(batch)
+            self._added_bytes += sum(map(len, map(_frame, batch)))
+        else:
+            last = batch[-1]
+            self._ops.append((ROW, row, last.timestamp, last.delivered, last.frame))
+            self._added_bytes += row[8]
 
     def check_progress(self) -> None:
         """Trio thread, every store_service.WATCH_INTERVAL: a writer under SCHED_IDLE
@@ -661,16 +706,19 @@ class StoreWriter:
         self._watched = (waiting, commits)
 
     def spool_add(self, bridge: str, routed: Routed) -> None:
+        self._open = None
         self._ops.append((SPOOL_ADD, bridge, routed.session, routed.instance, routed.timestamp,
                           routed.frame))
         self._added_bytes += len(routed.frame)
         self._signal()
 
     def spool_remove(self, bridge: str, session: int, instance: int) -> None:
+        self._open = None
         self._ops.append((SPOOL_DEL, bridge, session, instance))
         self._signal()
 
     def set_resume(self, bridge: str, server: int, session: int, instance: int) -> None:
+        self._open = None
         self._ops.append((RESUME, bridge, server, session, instance))
         self._signal()
 
@@ -778,18 +826,26 @@ class StoreWriter:
             # cold caches (100-odd isolated messages), which routing waited
             # through.  Only the routing thread appends, at the right.
             popleft = ops.popleft
-            return [popleft() for _ in range(min(limit, len(ops)))]
-        taken: list = []
-        budget = self.txn_bytes
-        while ops and budget > 0 and len(taken) < limit:
-            op = ops.popleft()
-            taken.append(op)
-            if type(op) is list:
-                budget -= sum(map(len, map(_frame, op)))
-            elif op[0] == ROW:
-                budget -= op[1][8]
-            elif op[0] == SPOOL_ADD:
-                budget -= len(op[5])
+            taken = [popleft() for _ in range(min(limit, len(ops)))]
+        else:
+            taken = []
+            budget = self.txn_bytes
+            while ops and budget > 0 and len(taken) < limit:
+                op = ops.popleft()
+                taken.append(op)
+                if type(op) is RunBuilder:
+                    op.seal()  # its bytes are counted now
+                    budget -= op.nbytes
+                elif type(op) is list:
+                    budget -= sum(map(len, map(_frame, op)))
+                elif op[0] == ROW:
+                    budget -= op[1][8]
+                elif op[0] == SPOOL_ADD:
+                    budget -= len(op[5])
+        # The open run is the queue's last operation: taken, it takes no more
+        # batches (the routing thread starts another).
+        if taken and type(taken[-1]) is RunBuilder:
+            taken[-1].seal()
         return taken
 
     def _keep_wal_small(self) -> None:

@@ -48,6 +48,7 @@ import sys
 import time
 
 from broker.core.router import Routed
+from broker.store.batch_rows import RunBuilder
 from broker.store.heap import return_large_frames, trim
 from broker.store.store import Store
 from broker.store.writer import (
@@ -55,6 +56,7 @@ from broker.store.writer import (
     LOST,
     RESUME,
     ROW,
+    RUN,
     SPOOL_ADD,
     SPOOL_DEL,
     TRIM_BYTES,
@@ -112,10 +114,13 @@ def _recv(fd: int) -> object:
 
 def _portable(op: object) -> object:
     """A queued operation the child can unpickle: a routing batch that was not one
-    run loses its endpoints (the writer needs only the message's own fields)."""
+    run loses its endpoints (the writer needs only the message's own fields), an
+    open run goes as the RUN it is (None: it holds nothing)."""
     if type(op) is list:
         return [(r.frame, r.header, r.delivered, r.session, r.instance, r.timestamp)
                 for r in op]
+    if type(op) is RunBuilder:
+        return op.take()
     return op
 
 
@@ -240,7 +245,7 @@ class ProcessStore(Store):
         carried = self._carry.take([], [], {})
         ops_out = [(SPOOL_ADD, *a) for a in carried[0]] + [(SPOOL_DEL, *d) for d in carried[1]]
         ops_out += [(RESUME, *r) for r in carried[2].values()]
-        ops_out += map(_portable, taken)
+        ops_out += [op for op in map(_portable, taken) if op is not None]
         if self._proc is None and not (
                 time.monotonic() - self._last_spawn >= RESPAWN_INTERVAL and self._spawn()):
             self._lost(ops_out, taken)
@@ -309,7 +314,9 @@ class ProcessStore(Store):
         reported), its spool and resume operations are kept for the next one."""
         # Off the queue all the same (the pending-bytes bound of observe()).
         for op in taken:
-            if type(op) is list:
+            if type(op) is RunBuilder:
+                self._taken_bytes += op.nbytes
+            elif type(op) is list:
                 self._taken_bytes += sum(len(r.frame) for r in op)
             elif op[0] == ROW:
                 self._taken_bytes += op[1][8]
@@ -326,6 +333,9 @@ class ProcessStore(Store):
                 row = op[1]
                 events += row[2] - row[1] + 1
                 eid = (row[0], row[2])
+            elif op[0] == RUN:  # (RUN, row, ..., last session, events)
+                events += op[6]
+                eid = (op[5], op[1][2])
             elif op[0] == LOST:
                 self._count("overload", op[3])
                 eid = (op[1], op[2])

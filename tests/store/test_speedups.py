@@ -159,10 +159,30 @@ def test_merge_rows_leaves_what_it_does_not_expect_to_the_reference():
     assert runs._merge_rows_c(mixed, 0, 3, ROW, 4096, 1 << 20, 1.0)[0] == 1
 
 
-def queued_with_messages(segments) -> tuple[list, list]:
+class QueueOnly:
+    """The part of a StoreWriter that StoreWriter._queue_batch touches."""
+
+    def __init__(self) -> None:
+        self._open = None
+        self._ops: list = []
+        self._added_bytes = 0
+
+
+def queued_with_messages(segments, open_runs: bool = False) -> tuple[list, list]:
     """A queue as the store's writer sees it, and the messages it holds (those
     not lost), in order: each routing batch queued as its row when it is one
-    run (the reference's row), else as the list."""
+    run (the reference's row), else as the list; with ``open_runs``, queued
+    as the store queues it (StoreWriter._queue_batch: open runs)."""
+    ops, queue, messages = queued_both_ways(segments)
+    return (queue if open_runs else ops), messages
+
+
+def queued_both_ways(segments) -> tuple[list, list, list]:
+    """The same routing batches queued as rows (the reference) and as the store
+    queues them, and the messages (see :func:`queued_with_messages`)."""
+    from broker.store.writer import StoreWriter
+
+    store = QueueOnly()
     clock = Clock()
     router = Router(clock=clock)
     sender = Sender()
@@ -173,7 +193,10 @@ def queued_with_messages(segments) -> tuple[list, list]:
     messages: list = []
     for seg in segments:
         if isinstance(seg, str):
-            ops.append((0, 1, 2, 3) if seg == "lost" else (1, "bridge", 1, 2, 0.5, b"frame"))
+            store._open = None  # as every other operation the store queues
+            store._ops.append((0, 1, 2, 3) if seg == "lost" else (1, "bridge", 1, 2, 0.5,
+                                                                   b"frame"))
+            ops.append(store._ops[-1])
             continue
         for i, ((group, instance), size, src, step) in enumerate(seg[0]):
             clock.now += step
@@ -184,22 +207,91 @@ def queued_with_messages(segments) -> tuple[list, list]:
         router.end_batch() if seg[1] else router.hand_over()
         batch = batches.pop()
         messages += batch
+        StoreWriter._queue_batch(store, batch)
         row = runs.batch_row_py(batch)
         ops.append(batch if row is None else
                    (ROW, row, batch[-1].timestamp, batch[-1].delivered, batch[-1].frame))
-    return ops, messages
+    return ops, store._ops, messages
+
+
+def reference_runs(ops: list, max_run: int, max_bytes: int, max_span: float) -> list:
+    """A queue's runs by the reference: each stretch of queued rows merged greedily
+    by merge_rows_py, as (row, last timestamp, delivered, frame, session, events);
+    other operations as they are ("list" for a routing batch not one run)."""
+    out: list = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if type(op) is tuple and op[0] == ROW:
+            j, row, n = runs.merge_rows_py(ops, i, len(ops), ROW, max_run, max_bytes, max_span)
+            last = ops[j - 1]
+            out.append((row, last[2], last[3], last[4], last[1][0], n))
+            i = j
+        else:
+            out.append("list" if type(op) is list else op)
+            i += 1
+    return out
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(segments=st.lists(segment, min_size=1, max_size=30),
+       max_run=st.sampled_from([2, 5, 4096]), max_bytes=st.sampled_from([400, 3000, 1 << 20]),
+       max_span=st.sampled_from([0.25, 1.0]))
+def test_open_runs_equal_the_reference(segments, max_run, max_bytes, max_span):
+    """Batches queued as the store queues them (into open runs, RunBuilder.add) give
+    the runs merge_rows_py gives the same batches queued as rows: the same rows,
+    byte for byte, with the same last message and count."""
+    saved = runs.MAX_RUN, runs.MAX_RUN_BYTES, runs.MAX_RUN_SPAN
+    runs.MAX_RUN, runs.MAX_RUN_BYTES, runs.MAX_RUN_SPAN = max_run, max_bytes, max_span
+    try:
+        ops, queue, _ = queued_both_ways(segments)
+        expected = reference_runs(ops, max_run, max_bytes, max_span)
+    finally:
+        runs.MAX_RUN, runs.MAX_RUN_BYTES, runs.MAX_RUN_SPAN = saved
+    got: list = []
+    for op in queue:
+        if type(op) is runs.RunBuilder:
+            taken = op.take()
+            assert taken is not None and taken[0] == writer_RUN
+            got.append(taken[1:])
+            assert op.take() is None  # handed over once
+        else:
+            got.append("list" if type(op) is list else op)
+    assert repr(got) == repr(expected)  # NaN timestamps included
+
+
+writer_RUN = 6  # broker.store.writer.RUN
+
+
+@needs_c
+def test_a_sealed_open_run_takes_no_more():
+    batches = [route_batch([(("g", "1"), 10 + k, False, 1e-6)]) for k in range(3)]
+    run = runs.new_run(writer_RUN)
+    assert run.add(batches[0]) == len(batches[0][0].frame)
+    run.seal()
+    assert run.add(batches[1]) == -1
+    assert (run.events, run.nbytes, run.sealed) == (1, len(batches[0][0].frame), True)
+    taken = run.take()
+    assert taken[-1] == 1 and taken[1][12] == batches[0][0].frame
+    fresh = runs.new_run(writer_RUN)
+    assert fresh.take() is None and fresh.add(batches[2]) == -1  # take() seals too
+    odd = route_batch([(("g", "1"), 10, False, 0.0)])
+    odd[0].timestamp = 5  # an int: not what the router makes
+    assert runs.new_run(writer_RUN).add(odd) is NotImplemented
+    assert runs.new_run(writer_RUN).add(()) is NotImplemented  # not a list
 
 
 @settings(max_examples=200, deadline=None)
-@given(segments=st.lists(segment, min_size=1, max_size=30))
-def test_the_writer_stores_every_queued_message_in_runs_that_keep_the_rule(segments):
+@given(segments=st.lists(segment, min_size=1, max_size=30), open_runs=st.booleans())
+def test_the_writer_stores_every_queued_message_in_runs_that_keep_the_rule(segments, open_runs):
     """The writer's whole path, queue to rows (_expand, then collect), with routing
     batches queued as rows or as lists: the rows decode to every message in
     routing order, and every run keeps the rule (one type, timestamps that do
     not go back, within the bounds, a message with a source timestamp alone)."""
     from broker.store import writer
 
-    ops, messages = queued_with_messages(segments)
+    ops, messages = queued_with_messages(segments, open_runs)
     tx = writer.collect(writer._expand(ops), 0)
     got = []
     for row in tx.rows:
