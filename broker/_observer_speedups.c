@@ -586,9 +586,12 @@ column_room(PyObject **col, Py_ssize_t used, Py_ssize_t need)
     Py_ssize_t have = *col == NULL ? 0 : PyBytes_GET_SIZE(*col);
     if (need <= have)
         return 0;
-    Py_ssize_t size = have < 256 ? 256 : have;
-    while (size < need)
-        size *= 2;
+    /* Doubling (amortised copies), but never more than needed for the first
+     * batch: a run of one large frame (a run alone) takes its own size, not
+     * the next power of two. */
+    Py_ssize_t size = have < 128 ? 256 : 2 * have;
+    if (size < need)
+        size = need;
     PyObject *grown = PyBytes_FromStringAndSize(NULL, size);
     if (grown == NULL)
         return -1;
