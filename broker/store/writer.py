@@ -136,6 +136,17 @@ IDLE_WAKE = 1.0
 # of frames: the room the disk bound leaves them.
 DELETE_RUNS = 32
 DELETE_SHARE = 16
+# Rows of the runs table the eviction scan reads ahead of need, in run order.
+# A store at its bound evicts at every commit, and reading the next rows
+# every time (a SELECT and a step per row, each a GIL release the writer
+# takes back -- a chance to make the routing thread wait; the run evicted in
+# parts read again at every commit) was 6-7 of the writer's 25-odd GIL
+# hand-overs a flush.  A page of 16 serves 16 commits of isolated messages;
+# its rows are small but for their EventIds (16 bytes an event: at most
+# 64 KiB a row, 1 MiB a page).
+SCAN_PAGE = 16
+_SCAN_RUNS = ("SELECT run, session, first, last, bytes, min_ts, max_ts, ids FROM runs "
+              "WHERE run > ? ORDER BY run LIMIT ?")
 # SESSION_LEASE (sessions reserved ahead of use) lives in broker/store/db.py
 # with the rest of the session counter's rules (state file: state.py).
 
@@ -512,6 +523,10 @@ class StoreWriter:
         # known), the second and third count the waiting rows and their
         # frame bytes.  Applied only once its transaction committed.
         self._waiting: tuple[int, int, int] = (0, 0, 0)
+        # The rows the eviction scan reads next (_scan_runs): those after the
+        # last evicted run, in order; a read-ahead only, dropped at any failed
+        # commit (it may hold rows that commit inserted).
+        self._scan_ahead: deque[tuple] = deque()
         # The run being evicted in parts: its key and arrays (_run_arrays).
         self._evicting: tuple[tuple[int, int, int], array, array,
                               list[tuple[int, int]] | None] | None = None
@@ -1006,9 +1021,8 @@ class StoreWriter:
         scan_from, waiting_runs, waiting_bytes = self._waiting
         # The scan starts past the rows that wait: each of them would cost a
         # read of its ids, which lie after its frames (a whole overflow chain).
-        cur = self._conn.execute("SELECT run, session, first, last, bytes, min_ts, max_ts, ids "
-                                 "FROM runs WHERE run > ? ORDER BY run", (scan_from,))
-        for run, session, first, last, run_bytes, min_ts, max_ts, ids_b in cur:
+        for run, session, first, last, run_bytes, min_ts, max_ts, ids_b in self._scan_runs(
+                scan_from):
             if ids_b is None:
                 n = last - first + 1
                 last_id = (session, last)
@@ -1059,7 +1073,6 @@ class StoreWriter:
             scan_from = run
             waiting_runs += 1
             waiting_bytes += run_bytes
-        cur.close()
         if waiting_runs and (waiting_runs >= DELETE_RUNS or waiting_bytes >= self.delete_bytes
                              or not count):
             self._conn.execute("DELETE FROM runs WHERE run <= ?", (scan_from,))
@@ -1067,7 +1080,33 @@ class StoreWriter:
             if not count:
                 # The table is empty now, and SQLite numbers the next row 1.
                 scan_from = 0
+                self._scan_ahead.clear()
         return count, nbytes, evicted, upto, (scan_from, waiting_runs, waiting_bytes)
+
+    def _scan_runs(self, scan_from: int) -> Iterator[tuple]:
+        """The runs table's rows after run ``scan_from``, in order, read :data:`SCAN_PAGE`
+        at a time ahead of need and kept (:attr:`_scan_ahead`) for the next commits.
+
+        Rows are never changed once written and only rows up to an evicted
+        run are deleted, so the kept rows stay true; new rows always come
+        after them (SQLite numbers a row past the largest, and the table's
+        largest row goes only when the table is emptied, which drops what is
+        kept).  Nothing is consumed here: what a commit evicts is dropped at
+        the next scan, once that commit's ``scan_from`` is the writer's.
+        """
+        rows = self._scan_ahead
+        while rows and rows[0][0] <= scan_from:
+            rows.popleft()
+        i = 0
+        while True:
+            if i == len(rows):
+                after = rows[-1][0] if rows else scan_from
+                more = self._conn.execute(_SCAN_RUNS, (after, SCAN_PAGE)).fetchall()
+                if not more:
+                    return
+                rows.extend(more)
+            yield rows[i]
+            i += 1
 
     def _run_arrays(self, run: int, session: int, first: int, last: int, ids_b: bytes | None
                     ) -> tuple[array, array, list[tuple[int, int]] | None]:
@@ -1127,6 +1166,8 @@ class StoreWriter:
                           "while the database files are intact", self.path, exc.strerror)
 
     def _rollback(self) -> None:
+        # The read-ahead may hold rows of the transaction rolled back.
+        self._scan_ahead.clear()
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("ROLLBACK")
 

@@ -566,3 +566,34 @@ def test_taking_the_queue_keeps_order_the_limit_and_the_byte_budget(tmp_path):
         assert not store._ops
     finally:
         store.close()
+
+
+def test_the_eviction_read_ahead_forgets_the_rows_of_a_failed_commit(tmp_path, monkeypatch):
+    """The eviction scan reads runs ahead of need (SCAN_PAGE), inside the commit's
+    transaction, so it may read the rows that commit inserts: when the commit
+    fails they are gone, and SQLite numbers the next commit's row the same.
+    Eviction must count the rows committed, not the ones rolled back."""
+    import sqlite3
+
+    store, router, sender = setup(tmp_path, size=4)
+    for _ in range(6):  # at the bound: every commit evicts a run
+        route(router, sender, 1, size=10)
+        store.flush()
+    real = store._write_meta
+
+    def fail_once(*args):  # after the scan, before COMMIT
+        monkeypatch.setattr(store, "_write_meta", real)
+        raise sqlite3.OperationalError("injected")
+
+    monkeypatch.setattr(store, "_write_meta", fail_once)
+    store._scan_ahead.clear()  # this commit's scan reads a page: its own new row too
+    route(router, sender, 1, size=10)
+    store.flush()
+    assert store.stats.failed_commits == 1
+    for k in range(8):  # the same row numbers again, other sizes
+        route(router, sender, 1, size=300 + k)
+        store.flush()
+    kept = store.entries_after(0, 0)
+    assert store.count == len(kept) == 4
+    assert store.bytes == sum(len(e[3]) for e in kept)
+    store.close()
