@@ -25,6 +25,11 @@
  * in tests/store/test_speedups.py).  merge_rows_py is the one statement of
  * what continues a run; batch_row_py is written with it.
  *
+ * RunBuilder: the store's open run, extended by the routing thread with each
+ * batch that is one run (read_run, batch_row's reading) and continues it
+ * (run_continues, merge_rows' test); the writer takes it whole.  Held to
+ * merge_rows_py over batch_row_py's rows on random batches in the same file.
+ *
  * batch_key and run_parts: what the cluster backplane of the publishing
  * broker reads of a routing batch (broker/cluster/subject_runs.py: batch_key_py
  * and run_parts_py are the references; tests/cluster/test_run_speedups.py
@@ -135,8 +140,12 @@ not_here(void)
     Py_RETURN_NOTIMPLEMENTED;
 }
 
-/* A batch_row run read so far: what each message is checked against and
- * where its parts go (the buffers hold n messages). */
+/* Message arrays of up to this many on the stack (a routing batch of an
+ * independent publisher is one message). */
+#define SMALL_BATCH 8
+
+/* A batch read as one run (read_run): what each message is checked against
+ * and where its parts go (the buffers hold n messages). */
 typedef struct {
     PyObject *src_tag;
     Py_ssize_t n, max_bytes, total;
@@ -144,6 +153,10 @@ typedef struct {
     PyObject **frames; /* owned items */
     double *ts;
     long long *dl, *off;
+    long long session, first, last; /* the batch's EventIds: (session, first..last) */
+    PyObject *small_frames[SMALL_BATCH];
+    double small_ts[SMALL_BATCH];
+    long long small_dl[SMALL_BATCH], small_off[SMALL_BATCH + 1];
 } row_run;
 
 /* How message i's header bears on the run: 0 it may extend it, 1 it does not
@@ -199,6 +212,83 @@ row_message(row_run *run, PyObject *r, Py_ssize_t i)
     return 0;
 }
 
+/* Reads ``batch`` into ``run`` as one run, batch_row's reading (the same for
+ * RunBuilder.add): 0 it is one run, 1 it is not (batch_row's None), 2 the
+ * reference answers (NotImplemented), -1 on error.  Release ``run`` with
+ * run_done() whatever it returns. */
+static int
+read_run(row_run *run, PyObject *batch, PyObject *src_tag, Py_ssize_t max_run,
+         Py_ssize_t max_bytes, double max_span)
+{
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    memset(run, 0, sizeof(*run));
+    run->src_tag = src_tag;
+    run->max_bytes = max_bytes;
+    if (n == 0)
+        return 2;
+    if (n > max_run)
+        return 1;
+    long long ends[4]; /* session, first instance, last session, last instance */
+    int rc = batch_ends(batch, ends);
+    if (rc != 0)
+        return rc < 0 ? -1 : 2;
+    /* Instances only grow within a session: consecutive iff the span is n - 1. */
+    if (ends[2] != ends[0] || ends[3] - ends[1] != (long long)(n - 1))
+        return 1;
+    run->session = ends[0];
+    run->first = ends[1];
+    run->last = ends[3];
+    run->n = n;
+    if (n <= SMALL_BATCH) {
+        run->frames = run->small_frames;
+        run->ts = run->small_ts;
+        run->dl = run->small_dl;
+        run->off = run->small_off;
+    } else {
+        run->frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+        run->ts = PyMem_Malloc((size_t)n * sizeof(double));
+        run->dl = PyMem_Malloc((size_t)n * sizeof(long long));
+        run->off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
+        if (run->frames == NULL || run->ts == NULL || run->dl == NULL || run->off == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    run->off[0] = 0;
+    int declined = 0;
+    for (Py_ssize_t i = 0; i < n && !declined; i++)
+        declined = row_message(run, PyList_GET_ITEM(batch, i), i);
+    if (declined != 0)
+        return declined;
+    return run->ts[n - 1] - run->ts[0] > max_span ? 1 : 0;
+}
+
+static void
+run_done(row_run *run)
+{
+    if (run->frames != NULL)
+        for (Py_ssize_t i = 0; i < run->n; i++)
+            Py_XDECREF(run->frames[i]);
+    if (run->frames != run->small_frames) {
+        PyMem_Free(run->frames);
+        PyMem_Free(run->ts);
+        PyMem_Free(run->dl);
+        PyMem_Free(run->off);
+    }
+    Py_XDECREF(run->grp);
+    Py_XDECREF(run->inst);
+}
+
+/* What read_run's answer other than 0 returns: NULL (error), None or
+ * NotImplemented. */
+static PyObject *
+declined_result(int rc)
+{
+    if (rc < 0)
+        return NULL;
+    return rc == 1 ? Py_NewRef(Py_None) : not_here();
+}
+
 /* batch_row(batch, source_tag, max_run, max_run_bytes, max_span) */
 static PyObject *
 batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -208,80 +298,38 @@ batch_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #if PY_BIG_ENDIAN
     return not_here(); /* the arrays are stored little-endian: the reference swaps */
 #else
-    PyObject *batch = args[0];
     Py_ssize_t max_run = PyLong_AsSsize_t(args[2]);
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
     double max_span = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(batch);
-    if (n == 0)
-        return not_here();
-    if (n > max_run)
-        Py_RETURN_NONE;
-
+    row_run run;
+    int rc = read_run(&run, args[0], args[1], max_run, max_bytes, max_span);
+    if (rc != 0) {
+        run_done(&run);
+        return declined_result(rc);
+    }
     PyObject *result = NULL;
-    PyObject *frames_b = NULL, *ts_b = NULL, *dl_b = NULL, *off_b = NULL;
-    long long ends[4]; /* session, first instance, last session, last instance */
-    int rc = batch_ends(batch, ends);
-    if (rc != 0)
-        return rc < 0 ? NULL : not_here();
-    long long session = ends[0], first = ends[1], last = ends[3];
-    /* Instances only grow within a session: consecutive iff the span is n - 1. */
-    if (ends[2] != session || last - first != (long long)(n - 1))
-        Py_RETURN_NONE;
-
-    row_run run = {args[1], n, max_bytes, 0, NULL, NULL, NULL, NULL, NULL, NULL};
-    run.frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
-    run.ts = PyMem_Malloc((size_t)n * sizeof(double));
-    run.dl = PyMem_Malloc((size_t)n * sizeof(long long));
-    run.off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
-    if (run.frames == NULL || run.ts == NULL || run.dl == NULL || run.off == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    run.off[0] = 0;
-    int declined = 0; /* 1: None (not one run); 2: NotImplemented */
-    for (Py_ssize_t i = 0; i < n && !declined; i++)
-        declined = row_message(&run, PyList_GET_ITEM(batch, i), i);
-    if (declined < 0)
-        goto done;
-    if (declined == 2) {
-        result = not_here();
-        goto done;
-    }
+    Py_ssize_t n = run.n, total = run.total;
     double *ts = run.ts;
-    if (declined == 1 || ts[n - 1] - ts[0] > max_span) {
-        result = Py_NewRef(Py_None);
-        goto done;
+    PyObject *frames_b = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *ts_b = PyBytes_FromStringAndSize((const char *)ts, n * (Py_ssize_t)sizeof(double));
+    PyObject *dl_b = PyBytes_FromStringAndSize((const char *)run.dl,
+                                               n * (Py_ssize_t)sizeof(long long));
+    PyObject *off_b = PyBytes_FromStringAndSize((const char *)run.off,
+                                                (n + 1) * (Py_ssize_t)sizeof(long long));
+    if (frames_b != NULL && ts_b != NULL && dl_b != NULL && off_b != NULL) {
+        char *out = PyBytes_AS_STRING(frames_b);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t size = PyBytes_GET_SIZE(run.frames[i]);
+            memcpy(out, PyBytes_AS_STRING(run.frames[i]), (size_t)size);
+            out += size;
+        }
+        result = Py_BuildValue("(LLLOOddOnOOOO)", run.session, run.first, run.last, run.grp,
+                               run.inst, ts[0], ts[n - 1], Py_None, total, ts_b, dl_b, off_b,
+                               frames_b);
     }
-    Py_ssize_t total = run.total;
-    frames_b = PyBytes_FromStringAndSize(NULL, total);
-    ts_b = PyBytes_FromStringAndSize((const char *)ts, n * (Py_ssize_t)sizeof(double));
-    dl_b = PyBytes_FromStringAndSize((const char *)run.dl, n * (Py_ssize_t)sizeof(long long));
-    off_b = PyBytes_FromStringAndSize((const char *)run.off,
-                                      (n + 1) * (Py_ssize_t)sizeof(long long));
-    if (frames_b == NULL || ts_b == NULL || dl_b == NULL || off_b == NULL)
-        goto done;
-    char *out = PyBytes_AS_STRING(frames_b);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t size = PyBytes_GET_SIZE(run.frames[i]);
-        memcpy(out, PyBytes_AS_STRING(run.frames[i]), (size_t)size);
-        out += size;
-    }
-    result = Py_BuildValue("(LLLOOddOnOOOO)", session, first, last, run.grp, run.inst, ts[0],
-                           ts[n - 1], Py_None, total, ts_b, dl_b, off_b, frames_b);
-done:
-    if (run.frames != NULL) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            Py_XDECREF(run.frames[i]);
-        PyMem_Free(run.frames);
-    }
-    PyMem_Free(run.ts);
-    PyMem_Free(run.dl);
-    PyMem_Free(run.off);
-    Py_XDECREF(run.grp);
-    Py_XDECREF(run.inst);
+    run_done(&run);
     Py_XDECREF(frames_b);
     Py_XDECREF(ts_b);
     Py_XDECREF(dl_b);
@@ -354,6 +402,23 @@ read_queued_row(PyObject *op, long long row_kind, queued_row *q)
     return 0;
 }
 
+/* What continues a run, merge_rows_py's test (the rows' type compared before):
+ * a run of n events and nbytes, timestamps min_ts..max_ts, last EventId
+ * (last_session, last), and the next rn events and rbytes, timestamps
+ * r_min..r_max, first EventId (r_session, r_first).  One statement for both
+ * compiled copies, merge_rows and RunBuilder.add; the comparisons are
+ * written so that a NaN ends a run, as in the reference. */
+static inline int
+continues_run(long long n, long long nbytes, double min_ts, double max_ts,
+              long long last_session, long long last, long long rn, long long rbytes,
+              double r_min, double r_max, long long r_session, long long r_first,
+              long long max_run, long long max_bytes, double max_span)
+{
+    return r_min >= max_ts && r_max - min_ts <= max_span && n + rn <= max_run
+           && nbytes + rbytes <= max_bytes
+           && (r_session > last_session || (r_session == last_session && r_first > last));
+}
+
 /* merge_rows(ops, start, end, row_kind, max_run, max_run_bytes, max_span):
  * (j, row, events) as broker/store/batch_rows.py merge_rows_py returns it, or
  * NotImplemented. */
@@ -410,9 +475,9 @@ merge_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             eq = same_bytes(r->inst, q[0].inst);
         if (eq < 0)
             goto done;
-        if (!eq || !(r->min_ts >= max_ts) || !(r->max_ts - min_ts <= max_span)
-            || n + r->n > (long long)max_run || nbytes + r->nbytes > max_bytes
-            || !(r->session > last_session || (r->session == last_session && r->first > last)))
+        if (!eq || !continues_run(n, nbytes, min_ts, max_ts, last_session, last, r->n,
+                                  r->nbytes, r->min_ts, r->max_ts, r->session, r->first,
+                                  (long long)max_run, max_bytes, max_span))
             break;
         if (r->session != last_session || r->first != last + 1)
             contiguous = 0;
@@ -614,16 +679,16 @@ column_cut(PyObject **col, Py_ssize_t used)
 
 /* Whether a batch read into ``run`` (one run, EventIds (session, first..),
  * timestamps ts[0..n-1], bytes of exact type) continues the open run: the
- * test of merge_rows (and merge_rows_py), and nothing else. */
+ * type compared, then continues_run: merge_rows' test. */
 static int
 run_continues(RunBuilder *self, row_run *run, long long session, long long first)
 {
     Py_ssize_t n = run->n;
     return same_bytes(run->grp, self->grp) == 1 && same_bytes(run->inst, self->inst) == 1
-           && run->ts[0] >= self->max_ts && run->ts[n - 1] - self->min_ts <= self->max_span
-           && self->n + (long long)n <= (long long)self->max_run
-           && self->nbytes + (long long)run->total <= self->max_bytes
-           && (session > self->last_session || (session == self->last_session && first > self->last));
+           && continues_run(self->n, self->nbytes, self->min_ts, self->max_ts,
+                            self->last_session, self->last, (long long)n,
+                            (long long)run->total, run->ts[0], run->ts[n - 1], session, first,
+                            (long long)self->max_run, self->max_bytes, self->max_span);
 }
 
 /* Appends a batch read into ``run``: only plain C from here (no Python code, so
@@ -683,10 +748,6 @@ run_append(RunBuilder *self, row_run *run, long long session, long long first, l
     return 0;
 }
 
-/* Message arrays of up to this many on the stack (a routing batch of an
- * independent publisher is one message). */
-#define SMALL_BATCH 8
-
 /* add(batch): the batch's frame bytes (>= 0) when appended; -1 when it is one
  * run but does not continue this one (or the run is sealed): start another;
  * None when it is not one run (batch_row's None); NotImplemented when the
@@ -699,73 +760,23 @@ RunBuilder_add(RunBuilder *self, PyObject *batch)
 #if PY_BIG_ENDIAN
     return not_here(); /* packed little-endian: the reference swaps */
 #else
-    Py_ssize_t n = PyList_GET_SIZE(batch);
-    if (n == 0)
-        return not_here();
-    if (n > self->max_run)
-        Py_RETURN_NONE;
-    long long ends[4];
-    int rc = batch_ends(batch, ends);
-    if (rc != 0)
-        return rc < 0 ? NULL : not_here();
-    long long session = ends[0], first = ends[1], last = ends[3];
-    if (ends[2] != session || last - first != (long long)(n - 1))
-        Py_RETURN_NONE;
-
-    PyObject *small_frames[SMALL_BATCH] = {NULL};
-    double small_ts[SMALL_BATCH];
-    long long small_dl[SMALL_BATCH], small_off[SMALL_BATCH + 1];
+    row_run run;
     /* batch_row's max_run_bytes test of a batch is the run's bound too. */
-    row_run run = {self->src_tag, n, (Py_ssize_t)self->max_bytes, 0, NULL, NULL,
-                   small_frames, small_ts, small_dl, small_off};
-    if (n > SMALL_BATCH) {
-        run.frames = PyMem_Calloc((size_t)n, sizeof(PyObject *));
-        run.ts = PyMem_Malloc((size_t)n * sizeof(double));
-        run.dl = PyMem_Malloc((size_t)n * sizeof(long long));
-        run.off = PyMem_Malloc((size_t)(n + 1) * sizeof(long long));
-    }
-    PyObject *result = NULL;
-    if (run.frames == NULL || run.ts == NULL || run.dl == NULL || run.off == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    run.off[0] = 0;
-    int declined = 0;
-    for (Py_ssize_t i = 0; i < n && !declined; i++)
-        declined = row_message(&run, PyList_GET_ITEM(batch, i), i);
-    if (declined < 0)
-        goto done;
-    if (declined == 2) {
-        result = not_here();
-        goto done;
-    }
-    if (declined == 1 || run.ts[n - 1] - run.ts[0] > self->max_span) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    if (!PyBytes_CheckExact(run.grp) || !PyBytes_CheckExact(run.inst)) {
+    int rc = read_run(&run, batch, self->src_tag, self->max_run,
+                      (Py_ssize_t)self->max_bytes, self->max_span);
+    PyObject *result;
+    if (rc != 0)
+        result = declined_result(rc);
+    else if (!PyBytes_CheckExact(run.grp) || !PyBytes_CheckExact(run.inst))
         result = not_here(); /* compared without Python code below: bytes only */
-        goto done;
-    }
     /* Plain C from here to the end of run_append. */
-    if (self->sealed || (self->n > 0 && !run_continues(self, &run, session, first))) {
+    else if (self->sealed || (self->n > 0 && !run_continues(self, &run, run.session, run.first)))
         result = PyLong_FromLong(-1);
-        goto done;
-    }
-    if (run_append(self, &run, session, first, last) == 0)
+    else if (run_append(self, &run, run.session, run.first, run.last) == 0)
         result = PyLong_FromSsize_t(run.total);
-done:
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (run.frames != NULL)
-            Py_XDECREF(run.frames[i]);
-    if (n > SMALL_BATCH) {
-        PyMem_Free(run.frames);
-        PyMem_Free(run.ts);
-        PyMem_Free(run.dl);
-        PyMem_Free(run.off);
-    }
-    Py_XDECREF(run.grp);
-    Py_XDECREF(run.inst);
+    else
+        result = NULL;
+    run_done(&run);
     return result;
 #endif
 }

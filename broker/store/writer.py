@@ -679,21 +679,19 @@ class StoreWriter:
         held the GIL about 0.1 ms a flush on cold caches, which routing
         waited through (docs/store.md, "The open run").
         """
-        # -1: start an open run; None: not one run; NotImplemented: the
-        # reference's path (batch_row); an int >= 0: appended.
-        added = -1 if RunBuilder is not None else NotImplemented
-        open_run = self._open
-        if open_run is not None:
-            added = open_run.add(batch)
+        # RunBuilder.add: an int >= 0 appended, -1 one run but not the open
+        # one's, None not one run, NotImplemented the reference's path.
+        added = NotImplemented
+        if RunBuilder is not None:
+            open_run = self._open
+            added = -1 if open_run is None else open_run.add(batch)
+            if type(added) is int and added < 0:
+                open_run = new_run(RUN)
+                added = open_run.add(batch)
+                if type(added) is int and added >= 0:
+                    self._ops.append(open_run)
+                    self._open = open_run
             if type(added) is int and added >= 0:
-                self._added_bytes += added
-                return
-        if type(added) is int:  # -1: one run, but not the open one's
-            open_run = new_run(RUN)
-            added = open_run.add(batch)
-            if type(added) is int and added >= 0:
-                self._ops.append(open_run)
-                self._open = open_run
                 self._added_bytes += added
                 return
         self._open = None
