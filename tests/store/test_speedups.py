@@ -98,6 +98,12 @@ segment = st.one_of(
 ROW = 4  # broker.store.writer.ROW: the row_kind argument
 
 
+# Bounds low enough to bind on a queue of a few dozen small messages.
+RUN_BOUNDS = {"max_run": st.sampled_from([2, 5, 4096]),
+              "max_bytes": st.sampled_from([400, 3000, 1 << 20]),
+              "max_span": st.sampled_from([0.25, 1.0])}
+
+
 def queued(segments) -> list:
     """The writer's queue of ``segments`` (see :func:`queued_with_messages`)."""
     return queued_with_messages(segments)[0]
@@ -105,9 +111,7 @@ def queued(segments) -> list:
 
 @needs_c
 @settings(max_examples=300, deadline=None)
-@given(segments=st.lists(segment, min_size=1, max_size=30),
-       max_run=st.sampled_from([2, 5, 4096]), max_bytes=st.sampled_from([400, 3000, 1 << 20]),
-       max_span=st.sampled_from([0.25, 1.0]))
+@given(segments=st.lists(segment, min_size=1, max_size=30), **RUN_BOUNDS)
 def test_compiled_merge_rows_equals_the_reference(segments, max_run, max_bytes, max_span):
     """Queued rows merged into runs, in C and in the reference, from every start."""
     ops = queued(segments)
@@ -235,9 +239,7 @@ def reference_runs(ops: list, max_run: int, max_bytes: int, max_span: float) -> 
 
 @needs_c
 @settings(max_examples=300, deadline=None)
-@given(segments=st.lists(segment, min_size=1, max_size=30),
-       max_run=st.sampled_from([2, 5, 4096]), max_bytes=st.sampled_from([400, 3000, 1 << 20]),
-       max_span=st.sampled_from([0.25, 1.0]))
+@given(segments=st.lists(segment, min_size=1, max_size=30), **RUN_BOUNDS)
 def test_open_runs_equal_the_reference(segments, max_run, max_bytes, max_span):
     """Batches queued as the store queues them (into open runs, RunBuilder.add) give
     the runs merge_rows_py gives the same batches queued as rows: the same rows,
