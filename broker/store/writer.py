@@ -851,7 +851,7 @@ class StoreWriter:
                     budget -= op.nbytes
                 elif type(op) is list:
                     budget -= sum(map(len, map(_frame, op)))
-                elif op[0] == ROW:
+                elif op[0] == ROW or op[0] == RUN:  # RUN: from the process writer's pipe
                     budget -= op[1][8]
                 elif op[0] == SPOOL_ADD:
                     budget -= len(op[5])
