@@ -566,8 +566,10 @@ def test_taking_the_queue_keeps_order_the_limit_and_the_byte_budget(tmp_path):
         assert not store._ops
         # Runs as the process writer's child queues them (RUN operations, taken
         # open runs) count against the budget too.
-        route(router, sender, 3, size=100)
-        runs = [op.take() for op in store._ops]
+        from broker.store.writer import _expand
+
+        route(router, sender, 3, size=100)  # three types: three runs
+        runs = list(_expand(list(store._ops)))
         store._ops.clear()
         store._ops.extend(runs)
         store.txn_bytes = runs[0][1][8]
