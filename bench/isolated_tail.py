@@ -92,7 +92,8 @@ def _instrument_and_run_broker(events_file: str) -> None:
 
     # Module functions are looked up at call time, methods on the class.
     wrap(store_writer, "collect", "store:collect")
-    wrap(store_writer, "_insert_many", "store:insert")
+    wrap(store_writer, "insert_runs", "store:insert")
+    wrap(store_writer, "upsert_latest", "store:insert")
     wrap(store_writer.StoreWriter, "_commit_queued", "store:commit")
     wrap(RoutingLog, "_take_rows", "log:take")
     wrap(RoutingLog, "_write_row_group", "log:rowgroup")

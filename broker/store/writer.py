@@ -31,7 +31,6 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from operator import attrgetter
 from typing import Protocol
 
@@ -62,6 +61,7 @@ from broker.store.db import (
     read_meta,
 )
 from broker.store.heap import trim
+from broker.store.inserts import insert_runs, insert_spool, upsert_latest
 from broker.store.state import StoreState, state_path, write_state
 from wire.hattime import split_timestamp
 
@@ -358,37 +358,6 @@ _META_KEYS = ("count", "bytes", "evicted", "evicted_session", "evicted_instance"
 _UPDATE_META = ("UPDATE meta SET value = CASE key "
                 + " ".join(f"WHEN '{k}' THEN ?{i}" for i, k in enumerate(_META_KEYS, 1))
                 + " END WHERE key IN (" + ", ".join(f"'{k}'" for k in _META_KEYS) + ")")
-_INSERT_RUNS = ("INSERT INTO runs (session, first, last, grp, inst, min_ts, max_ts, src_us, "
-                "bytes, ts, delivered, offsets, frames, ids) VALUES ")
-_INSERT_LATEST = ("INSERT INTO latest (grp, inst, seq, session, instance, ts, delivered, frame) "
-                  "VALUES ")
-_UPSERT_LATEST = (" ON CONFLICT (grp, inst) DO UPDATE SET seq = excluded.seq, "
-                  "session = excluded.session, instance = excluded.instance, ts = excluded.ts, "
-                  "delivered = excluded.delivered, frame = excluded.frame")
-# Rows per multi-row INSERT, the largest of the power-of-two statement shapes.
-# executemany steps SQLite once per row, and the sqlite3 module releases and
-# takes back the GIL at every step: with isolated messages (one row each)
-# that was two GIL hand-overs per message, each a chance for the writer to
-# make the routing thread wait.  One statement of up to 256 rows is one step
-# (14 x 256 parameters, far below SQLite's 32,766); power-of-two shapes keep
-# the statements few (the connection caches them).
-MAX_ROWS_PER_INSERT = 256
-
-
-def _insert_many(conn: sqlite3.Connection, head: str, ncols: int, tail: str,
-                 rows: list) -> None:
-    """``head`` VALUES (..), (..), ... ``tail`` for ``rows``, in few statements."""
-    one = "(" + ", ".join("?" * ncols) + ")"
-    i, n = 0, len(rows)
-    size = MAX_ROWS_PER_INSERT
-    while i < n:
-        while size > n - i:
-            size //= 2
-        conn.execute(head + ", ".join([one] * size) + tail,
-                     list(chain.from_iterable(rows[i:i + size])))
-        i += size
-
-
 @attrs.define
 class Transaction:
     """One write transaction's contents (:func:`collect`)."""
@@ -925,10 +894,10 @@ class StoreWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             if rows:
-                _insert_many(conn, _INSERT_RUNS, 14, "", rows)
-                _insert_many(conn, _INSERT_LATEST, 8, _UPSERT_LATEST, list(latest.values()))
+                insert_runs(conn, rows)
+                upsert_latest(conn, list(latest.values()))
             if spool_add:
-                conn.executemany("INSERT OR IGNORE INTO spool VALUES (?, ?, ?, ?, ?)", spool_add)
+                insert_spool(conn, spool_add)
             if spool_del:
                 conn.executemany(
                     "DELETE FROM spool WHERE bridge = ? AND session = ? AND instance = ?",

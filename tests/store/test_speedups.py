@@ -284,6 +284,28 @@ def test_a_sealed_open_run_takes_no_more():
     assert runs.new_run(writer_RUN).add(()) is NotImplemented  # not a list
 
 
+@needs_c
+def test_a_runs_first_frame_is_lent_and_never_written_into():
+    """A run's first batch of one message lends its frame as the frames column (no
+    copy on the routing thread); the next batch gets a column of the run's own,
+    and the routed frames, shared with their recipients, stay as they were."""
+    routed = route_batch([(("g", "1"), size, False, 1e-6) for size in (300, 5, 40)])
+    batches = [[message] for message in routed]  # one message a write
+    frames = [message.frame for message in routed]
+    copies = [bytes(bytearray(frame)) for frame in frames]
+    alone = runs.new_run(writer_RUN)
+    alone.add(batches[0])
+    assert alone.take()[1][12] is frames[0]  # lent: the frame itself
+    row = runs.batch_row(batches[0])
+    assert row is not None and row[12] is frames[0]  # batch_row lends it too
+    run = runs.new_run(writer_RUN)
+    for batch in batches:
+        assert run.add(batch) == len(batch[0].frame)
+    taken = run.take()
+    assert taken[1][12] == b"".join(copies)
+    assert frames == copies
+
+
 @settings(max_examples=200, deadline=None)
 @given(segments=st.lists(segment, min_size=1, max_size=30), open_runs=st.booleans())
 def test_the_writer_stores_every_queued_message_in_runs_that_keep_the_rule(segments, open_runs):
