@@ -42,6 +42,10 @@ import resource
 import struct
 import sys
 import threading
+import time
+from collections.abc import Callable
+
+import trio
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +138,29 @@ def may_raise_priority(nice: int) -> bool:
     return soft == resource.RLIM_INFINITY or soft >= 20 - nice
 
 
+# A writer under SCHED_IDLE runs only on a CPU nothing else wants.  On a
+# machine whose CPUs are all busy it may wait hundreds of milliseconds for
+# one, and when it holds the GIL meanwhile, routing waits with it (priority
+# inversion).  bench.gil_waits, whose probes load both cores of the
+# benchmark machine, saw routing wait 0.15-1.3 s for an idle writer, and
+# 12-18 ms with the writers at their nice value.  So a routing thread that
+# ran late (its watch timer fired more than STALL late) keeps the writers
+# at their nice value for HOLD_NICE seconds, doubled for each stall that
+# comes within a hold's length of the last one's end (a machine that stays
+# busy), up to MAX_HOLD_NICE.  STALL: far above a timer's usual lateness
+# under load (under 2 ms), far below what users notice.
+STALL = 0.05
+HOLD_NICE = 10.0
+MAX_HOLD_NICE = 600.0
+# How often the routing thread's lateness is measured (and a starved
+# writer's progress checked: StoreWriter.check_progress).
+WATCH_INTERVAL = 0.2
+
+
 class Background:
     """A writer thread's place in the scheduler: ``SCHED_IDLE`` while it keeps up, its
-    nice value (``SCHED_OTHER``) while it is behind.
+    nice value (``SCHED_OTHER``) while it is behind, or for a while after
+    routing ran late (:meth:`stalled`).
 
     :meth:`setup` runs first in the writer thread.  Then either thread may
     call :meth:`behind` (the routing thread, when the writer's backlog
@@ -151,7 +175,12 @@ class Background:
         self.may_idle = idle and may_raise_priority(nice)
         self.idle = False
         self.switches = 0
+        self.stalls = 0
         self._tid = 0
+        # time.monotonic() before which the writer does not go idle, and
+        # the length of that hold.
+        self._held_until = 0.0
+        self._hold = 0.0
 
     def setup(self) -> None:
         self._tid = threading.get_native_id()
@@ -163,8 +192,25 @@ class Background:
             self.idle = False
 
     def caught_up(self) -> None:
-        if self.may_idle and not self.idle and self._tid and self._set(os.SCHED_IDLE):
+        if (self.may_idle and not self.idle and self._tid
+                and time.monotonic() >= self._held_until and self._set(os.SCHED_IDLE)):
             self.idle = True
+
+    def stalled(self, now: float) -> float:
+        """Routing ran late (``now``: time.monotonic()): the writer keeps its nice
+        value for a while (see :data:`STALL`).  Returns the new hold's length
+        when the writer was not held, else 0."""
+        if not self.may_idle:
+            return 0.0
+        held = now < self._held_until
+        if self._hold and now <= self._held_until + self._hold:
+            hold = min(MAX_HOLD_NICE, 2 * self._hold) if not held else self._hold
+        else:
+            hold = HOLD_NICE
+        self._hold, self._held_until = hold, max(self._held_until, now + hold)
+        self.stalls += 1
+        self.behind()
+        return 0.0 if held else hold
 
     def _set(self, policy: int) -> bool:
         try:
@@ -178,3 +224,22 @@ class Background:
             return False
         self.switches += 1
         return True
+
+
+async def watch_stalls(backgrounds: list[Background],
+                       every: Callable[[], None] | None = None) -> None:
+    """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and ``every``."""
+    while True:
+        start = trio.current_time()
+        await trio.sleep(WATCH_INTERVAL)
+        late = trio.current_time() - start - WATCH_INTERVAL
+        if late > STALL:
+            now = time.monotonic()
+            for background in backgrounds:
+                hold = background.stalled(now)
+                if hold:
+                    log.info("routing ran %.0f ms late: a writer thread keeps its nice value "
+                             "(not SCHED_IDLE) for %.0f s, as the CPUs are busy", late * 1e3,
+                             hold)
+        if every is not None:
+            every()

@@ -19,20 +19,12 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.serving.config import Config
 from broker.serving.context import BrokerContext
-from broker.serving.scheduling import Background, lower_thread_priority
+from broker.serving.scheduling import Background, lower_thread_priority, watch_stalls
 from broker.store.store import Store, default_dir
 from broker.store.writer_process import ProcessStore
 
 log = logging.getLogger(__name__)
 
-# How often the trio thread checks that an idle writer thread (SCHED_IDLE,
-# [broker] writer_idle) still commits: one that committed nothing for this
-# long while operations waited is starved by other work on the machine and
-# gets its nice value back (StoreWriter.check_progress).  It bounds what a
-# power loss can take while the writer is starved (flush_interval
-# otherwise), at a trio timer (a thread hand-over under the host loop)
-# five times a second.
-WATCH_INTERVAL = 0.2
 
 
 def open_retention(config: Config, router: Router) -> Store | RetentionStore:
@@ -74,6 +66,13 @@ async def serve_store(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORE
     task_status.started([])
     background = getattr(store, "background", None)
     if isinstance(store, Store) and background is not None and background.may_idle:
-        while True:
-            await trio.sleep(WATCH_INTERVAL)
-            store.check_progress()
+        # Every WATCH_INTERVAL: whether routing ran late (the writer then keeps
+        # its nice value: an idle writer starved while holding the GIL stalls
+        # routing), and whether an idle writer still commits: one that
+        # committed nothing between two checks while operations waited is
+        # starved by other work on the machine and gets its nice value back
+        # (StoreWriter.check_progress).  That bounds what a power loss can
+        # take while the writer is starved (flush_interval otherwise), at a
+        # trio timer (a thread hand-over under the host loop) five times a
+        # second.
+        await watch_stalls([background], store.check_progress)

@@ -675,7 +675,7 @@ class StoreWriter:
             self._added_bytes += row[8]
 
     def check_progress(self) -> None:
-        """Trio thread, every store_service.WATCH_INTERVAL: a writer under SCHED_IDLE
+        """Trio thread, every scheduling.WATCH_INTERVAL: a writer under SCHED_IDLE
         that committed nothing between two checks that both found operations
         waiting is starved by other work on the machine: it gets its nice value
         back (and goes idle again once it has caught up)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pathlib
@@ -173,9 +174,9 @@ def test_a_reload_says_the_hints_need_a_restart() -> None:
     assert _restart_needed(old, old) == []
 
 
-def _policy(tid: int) -> int:
+def _policy(tid: int, pid: str = "self") -> int:
     """A thread's scheduling policy (field 41 of /proc stat)."""
-    with open(f"/proc/self/task/{tid}/stat") as f:
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
         stat = f.read()
     return int(stat[stat.rindex(")") + 2:].split()[38])
 
@@ -225,6 +226,41 @@ def test_a_background_writer_is_idle_until_behind_and_idle_again_once_caught_up(
     finally:
         writer.stop()
     assert _policy(threading.get_native_id()) == os.SCHED_OTHER  # the caller untouched
+
+
+@needs_the_right
+def test_after_routing_ran_late_a_writer_keeps_its_nice_value_for_a_while() -> None:
+    """An idle writer starved while it holds the GIL stalls routing: once routing ran
+    late, the writer keeps its nice value for HOLD_NICE, doubled while stalls
+    come back within a hold's length of the last one's end."""
+    hold = scheduling.HOLD_NICE
+    bg = scheduling.Background(10, idle=True)
+    writer = _Writer(bg)
+    try:
+        now = time.monotonic()
+        assert bg.stalled(now) == hold
+        assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+        bg.caught_up()  # held: no going idle
+        assert not bg.idle and _policy(writer.tid) == os.SCHED_OTHER
+        assert bg.stalled(now + 1) == 0  # already held: the same hold
+        # The next stall soon after the hold ended: twice as long.
+        assert bg.stalled(now + hold + 1) == 2 * hold
+        assert bg.stalled(now + 3 * hold + 2) == 4 * hold
+        # One long after: back to the first length (the machine was quiet).
+        quiet = now + 7 * hold + 2 + 8 * hold + 1
+        assert bg.stalled(quiet) == hold
+        # A hold that ended (stalled long ago): caught_up goes idle again.
+        late = scheduling.Background(10, idle=True)
+        other = _Writer(late)
+        try:
+            assert late.stalled(time.monotonic() - 2 * hold) == hold
+            assert not late.idle
+            late.caught_up()
+            assert late.idle and _policy(other.tid) == os.SCHED_IDLE
+        finally:
+            other.stop()
+    finally:
+        writer.stop()
 
 
 @linux
@@ -298,8 +334,46 @@ def test_the_broker_writer_threads_are_idle_where_they_may_be(idle: bool) -> Non
 
 
 @needs_the_right
+def test_a_broker_whose_routing_stalled_keeps_its_writers_at_their_nice_value() -> None:
+    """The whole broker stopped (SIGSTOP) for longer than STALL: on waking, its
+    routing thread finds its watch timer late and both writers leave SCHED_IDLE
+    for a hold, which the log says."""
+    if (os.environ.get("SKAN_TEST_STORE_WRITER") or WRITER_DEFAULT) == "process":
+        pytest.skip("the store's writer is a process here")
+    import signal
+
+    with BrokerProcess() as proc:
+        assert proc.proc is not None
+        pid = proc.proc.pid
+
+        def idle_threads() -> int:
+            n = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(FileNotFoundError):  # a thread that ended
+                    n += _policy(int(tid), str(pid)) == os.SCHED_IDLE
+            return n
+
+        deadline = time.monotonic() + 10
+        while idle_threads() != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert idle_threads() == 2
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(4 * scheduling.STALL + scheduling.WATCH_INTERVAL)
+        os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while idle_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert idle_threads() == 0
+        time.sleep(1.0)  # within the hold: they stay at their nice value
+        assert idle_threads() == 0
+        proc.stop()
+    held = [line for line in proc.stderr_lines if "keeps its nice value" in line]
+    assert len(held) == 2, proc.stderr_lines[-20:]  # the store's writer and the log's
+
+
+@needs_the_right
 def test_the_store_raises_a_writer_that_commits_nothing_while_messages_wait(tmp_path) -> None:
-    """check_progress (the trio thread's watch, store_service.WATCH_INTERVAL): a writer
+    """check_progress (the trio thread's watch, scheduling.WATCH_INTERVAL): a writer
     under SCHED_IDLE that committed nothing between two checks while operations
     waited is starved; it gets its nice value back.  The byte bound (observe) raises
     it too, far sooner under a flood."""

@@ -45,6 +45,12 @@ def _run_row(rng: random.Random, i: int, size: int) -> tuple:
             struct.pack("<d", float(i)), struct.pack("<q", 0), offsets, frames, None)
 
 
+def _commit(conn, insert, rows: list[tuple]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    insert(conn, rows)
+    conn.execute("COMMIT")
+
+
 def _streamed() -> int:
     """How many rows went in streamed."""
     return sum(STATEMENTS)
@@ -53,9 +59,7 @@ def _streamed() -> int:
 def test_runs_keep_their_order_and_bytes_whatever_their_size(conn):
     rng = random.Random(7)
     rows = [_run_row(rng, i, size) for i, size in enumerate(SIZES * 2)]
-    conn.execute("BEGIN IMMEDIATE")
-    insert_runs(conn, rows)
-    conn.execute("COMMIT")
+    _commit(conn, insert_runs, rows)
     got = conn.execute("SELECT session, first, last, grp, inst, min_ts, max_ts, src_us, bytes, "
                        "ts, delivered, offsets, frames, ids FROM runs ORDER BY run").fetchall()
     assert got == rows
@@ -73,9 +77,7 @@ def test_latest_rows_are_inserted_and_replaced_whatever_their_size(conn):
     # small over large, updates of the upsert (no lastrowid) both ways.
     second = [latest(key, 100 + key, size) for key, size in enumerate(reversed(SIZES))]
     for rows in (first, second):
-        conn.execute("BEGIN IMMEDIATE")
-        upsert_latest(conn, rows)
-        conn.execute("COMMIT")
+        _commit(conn, upsert_latest, rows)
         got = conn.execute("SELECT grp, inst, seq, session, instance, ts, delivered, frame "
                            "FROM latest ORDER BY seq").fetchall()
         assert got == rows
@@ -88,11 +90,11 @@ def test_a_spool_row_already_there_is_kept_whatever_its_size(conn):
     again = [("b", 1, i, 0.5, _blob(rng, size)) for i, size in enumerate(SIZES)]
     new = [("b", 2, 1, 1.0, _blob(rng, 2 * STREAM_BYTES))]
     for batch in (rows, again + new):
-        conn.execute("BEGIN IMMEDIATE")
-        insert_spool(conn, batch)
-        conn.execute("COMMIT")
+        _commit(conn, insert_spool, batch)
     got = conn.execute("SELECT * FROM spool ORDER BY session, instance").fetchall()
     assert got == rows + new
+    # Sized twice (the second time ignored, nothing written), and the new row.
+    assert _streamed() == 2 * sum(size >= STREAM_BYTES for size in SIZES) + 1
 
 
 def test_a_failed_transaction_leaves_no_streamed_row(conn):
