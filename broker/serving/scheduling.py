@@ -169,8 +169,9 @@ class Background:
     is an attribute test unless the state changes (one system call).
     """
 
-    def __init__(self, nice: int, idle: bool) -> None:
+    def __init__(self, nice: int, idle: bool, name: str = "writer") -> None:
         self.nice = nice
+        self.name = name  # for the log: "store writer", "routing-log writer"
         # SCHED_IDLE only where the way back is open.
         self.may_idle = idle and may_raise_priority(nice)
         self.idle = False
@@ -238,8 +239,8 @@ async def watch_stalls(backgrounds: list[Background],
             for background in backgrounds:
                 hold = background.stalled(now)
                 if hold:
-                    log.info("routing ran %.0f ms late: a writer thread keeps its nice value "
+                    log.info("routing ran %.0f ms late: the %s thread keeps its nice value "
                              "(not SCHED_IDLE) for %.0f s, as the CPUs are busy", late * 1e3,
-                             hold)
+                             background.name, hold)
         if every is not None:
             every()

@@ -26,7 +26,6 @@ from broker.store.writer_process import ProcessStore
 log = logging.getLogger(__name__)
 
 
-
 def open_retention(config: Config, router: Router) -> Store | RetentionStore:
     """The durable store, or the in-memory ring when ``[store] enabled = false``.
 
@@ -53,7 +52,7 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
         # thread here only hands batches over (and waits on the pipe).
         store.start(call_soon, functools.partial(lower_thread_priority, nice), nice=nice)
     else:
-        store.background = Background(nice, config.broker.writer_idle)
+        store.background = Background(nice, config.broker.writer_idle, "store writer")
         store.start(call_soon, store.background.setup)
     log.info("store %s opened in %.3fs: %d retained messages, continuing at session %d "
              "(writer: %s)", store.path, time.monotonic() - started, store.count,

@@ -368,7 +368,10 @@ def test_a_broker_whose_routing_stalled_keeps_its_writers_at_their_nice_value() 
         assert idle_threads() == 0
         proc.stop()
     held = [line for line in proc.stderr_lines if "keeps its nice value" in line]
-    assert len(held) == 2, proc.stderr_lines[-20:]  # the store's writer and the log's
+    assert len(held) == 2, proc.stderr_lines[-20:]
+    assert {"store writer", "routing-log writer"} == {
+        name for line in held for name in ("store writer", "routing-log writer")
+        if f"the {name} thread" in line}
 
 
 @needs_the_right

@@ -47,7 +47,8 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         with contextlib.suppress(trio.RunFinishedError):
             token.run_sync_soon(reopen)
 
-    background = Background(cfg.writer_nice, ctx.config.broker.writer_idle)
+    background = Background(cfg.writer_nice, ctx.config.broker.writer_idle,
+                            "routing-log writer")
     routelog = RoutingLog(
         directory,
         rotate_bytes=cfg.rotate_bytes,
