@@ -229,12 +229,16 @@ class Background:
 
 async def watch_stalls(backgrounds: list[Background],
                        every: Callable[[], None] | None = None) -> None:
-    """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and ``every``."""
+    """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and ``every``.
+
+    The first interval is not judged: it overlaps the start of the broker's
+    other services, which is not routing stalled."""
+    first = True
     while True:
         start = trio.current_time()
         await trio.sleep(WATCH_INTERVAL)
         late = trio.current_time() - start - WATCH_INTERVAL
-        if late > STALL:
+        if late > STALL and not first:
             now = time.monotonic()
             for background in backgrounds:
                 hold = background.stalled(now)
@@ -242,5 +246,6 @@ async def watch_stalls(backgrounds: list[Background],
                     log.info("routing ran %.0f ms late: the %s thread keeps its nice value "
                              "(not SCHED_IDLE) for %.0f s, as the CPUs are busy", late * 1e3,
                              background.name, hold)
+        first = False
         if every is not None:
             every()

@@ -327,7 +327,8 @@ def test_the_broker_writer_threads_are_idle_where_they_may_be(idle: bool) -> Non
                 n += int(stat[stat.rindex(")") + 2:].split()[38]) == os.SCHED_IDLE
             return n
 
-        deadline = time.monotonic() + 10
+        # A stall while the broker starts holds the writers HOLD_NICE (10 s).
+        deadline = time.monotonic() + 2 * scheduling.HOLD_NICE + 5
         while idle_threads() != expect and time.monotonic() < deadline:
             time.sleep(0.05)
         assert idle_threads() == expect  # the store's and the routing log's writers
@@ -353,7 +354,8 @@ def test_a_broker_whose_routing_stalled_keeps_its_writers_at_their_nice_value() 
                     n += _policy(int(tid), str(pid)) == os.SCHED_IDLE
             return n
 
-        deadline = time.monotonic() + 10
+        # A stall while the broker starts holds the writers HOLD_NICE (10 s).
+        deadline = time.monotonic() + 2 * scheduling.HOLD_NICE + 5
         while idle_threads() != 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert idle_threads() == 2
