@@ -176,7 +176,6 @@ class Background:
         self.may_idle = idle and may_raise_priority(nice)
         self.idle = False
         self.switches = 0
-        self.stalls = 0
         self._tid = 0
         # time.monotonic() before which the writer does not go idle, and
         # the length of that hold.
@@ -204,14 +203,12 @@ class Background:
         if not self.may_idle:
             return 0.0
         held = now < self._held_until
-        if self._hold and now <= self._held_until + self._hold:
-            hold = min(MAX_HOLD_NICE, 2 * self._hold) if not held else self._hold
-        else:
-            hold = HOLD_NICE
-        self._hold, self._held_until = hold, max(self._held_until, now + hold)
-        self.stalls += 1
+        if not held:
+            recurring = self._hold and now <= self._held_until + self._hold
+            self._hold = min(MAX_HOLD_NICE, 2 * self._hold) if recurring else HOLD_NICE
+        self._held_until = max(self._held_until, now + self._hold)
         self.behind()
-        return 0.0 if held else hold
+        return 0.0 if held else self._hold
 
     def _set(self, policy: int) -> bool:
         try:
