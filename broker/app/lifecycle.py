@@ -222,6 +222,8 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
                 log.info("service %s started", name)
                 lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]
             ready(lines)
+            # Routing's lateness, for the writers that go idle (scheduling.py).
+            svc_nursery.start_soon(ctx.stall_watch.run)
             # Everything allocated during start-up lives as long as the process:
             # move it out of the collector's way so full collections stay short.
             gc.collect()

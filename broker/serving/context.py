@@ -11,6 +11,7 @@ import trio
 from broker.core.router import Router
 from broker.serving.config import Config
 from broker.serving.connections import ConnectionLimits, Connections
+from broker.serving.scheduling import StallWatch
 from broker.serving.tls import TLSListener
 
 if TYPE_CHECKING:
@@ -58,3 +59,6 @@ class BrokerContext:
     # Re-reads the configuration (file plus flags) on SIGHUP; None: no reload.
     reload: Callable[[], Config] | None = None
     cluster: ClusterLink | None = None
+    # The routing thread's lateness, watched once for every writer thread
+    # that may go idle (the store's, the routing log's); run by the lifecycle.
+    stall_watch: StallWatch = attrs.Factory(StallWatch)

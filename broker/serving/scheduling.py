@@ -224,25 +224,54 @@ class Background:
         return True
 
 
-async def watch_stalls(backgrounds: list[Background],
-                       every: Callable[[], None] | None = None) -> None:
-    """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and ``every``.
+class StallWatch:
+    """One watch of the routing thread's lateness for all the broker's writers.
 
-    The first interval is not judged: it overlaps the start of the broker's
-    other services, which is not routing stalled."""
-    first = True
-    while True:
-        start = trio.current_time()
-        await trio.sleep(WATCH_INTERVAL)
-        late = trio.current_time() - start - WATCH_INTERVAL
-        if late > STALL and not first:
-            now = time.monotonic()
-            for background in backgrounds:
-                hold = background.stalled(now)
-                if hold:
-                    log.info("routing ran %.0f ms late: the %s thread keeps its nice value "
-                             "(not SCHED_IDLE) for %.0f s, as the CPUs are busy", late * 1e3,
-                             background.name, hold)
-        first = False
-        if every is not None:
-            every()
+    Each writer service gives :meth:`add` its :class:`Background` (and a check to
+    run at the watch's pace, such as the store's progress check); the
+    broker runs :meth:`run` once its services have started.  One timer and
+    one log line a stall, whatever the number of writers.
+    """
+
+    def __init__(self) -> None:
+        self.backgrounds: list[Background] = []
+        self.checks: list[Callable[[], None]] = []
+
+    def add(self, background: Background, check: Callable[[], None] | None = None) -> None:
+        """Watch for ``background`` (when it may go idle at all), and run ``check``
+        every :data:`WATCH_INTERVAL` with it."""
+        if background.may_idle:
+            self.backgrounds.append(background)
+            if check is not None:
+                self.checks.append(check)
+
+    async def run(self) -> None:
+        """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and the
+        checks; returns at once when no writer may go idle.
+
+        The first interval is not judged: it may overlap the end of the
+        broker's start (its collection and freeze), which is not routing
+        stalled."""
+        if not self.backgrounds:
+            return
+        first = True
+        while True:
+            start = trio.current_time()
+            await trio.sleep(WATCH_INTERVAL)
+            late = trio.current_time() - start - WATCH_INTERVAL
+            if late > STALL and not first:
+                self.stalled(late)
+            first = False
+            for check in self.checks:
+                check()
+
+    def stalled(self, late: float) -> None:
+        """Routing ran ``late`` seconds late: every writer keeps its nice value for a
+        hold (said once a hold, naming the writers whose hold began)."""
+        now = time.monotonic()
+        holds = [(background.name, background.stalled(now)) for background in self.backgrounds]
+        begun = [(name, hold) for name, hold in holds if hold]
+        if begun:
+            log.info("routing ran %.0f ms late, as the CPUs are busy: writers kept at their "
+                     "nice value (not SCHED_IDLE) for %.0f s: %s", late * 1e3,
+                     max(hold for _, hold in begun), ", ".join(name for name, _ in begun))

@@ -19,7 +19,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.serving.config import Config
 from broker.serving.context import BrokerContext
-from broker.serving.scheduling import Background, lower_thread_priority, watch_stalls
+from broker.serving.scheduling import Background, lower_thread_priority
 from broker.store.store import Store, default_dir
 from broker.store.writer_process import ProcessStore
 
@@ -62,16 +62,14 @@ def open_retention(config: Config, router: Router) -> Store | RetentionStore:
 
 async def serve_store(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     ctx.retention = store = open_retention(ctx.config, ctx.router)
-    task_status.started([])
     background = getattr(store, "background", None)
-    if isinstance(store, Store) and background is not None and background.may_idle:
-        # Every WATCH_INTERVAL: whether routing ran late (the writer then keeps
-        # its nice value: an idle writer starved while holding the GIL stalls
-        # routing), and whether an idle writer still commits: one that
-        # committed nothing between two checks while operations waited is
-        # starved by other work on the machine and gets its nice value back
-        # (StoreWriter.check_progress).  That bounds what a power loss can
-        # take while the writer is starved (flush_interval otherwise), at a
-        # trio timer (a thread hand-over under the host loop) five times a
-        # second.
-        await watch_stalls([background], store.check_progress)
+    if isinstance(store, Store) and background is not None:
+        # Whether an idle writer still commits, at the stall watch's pace
+        # (scheduling.StallWatch): one that committed nothing between two
+        # checks while operations waited is starved by other work on the
+        # machine and gets its nice value back (StoreWriter.check_progress).
+        # That bounds what a power loss can take while the writer is starved
+        # (flush_interval otherwise), at a trio timer (a thread hand-over
+        # under the host loop) five times a second.
+        ctx.stall_watch.add(background, store.check_progress)
+    task_status.started([])

@@ -17,7 +17,7 @@ import trio
 from broker.observability.routelog.files import LogDirectory
 from broker.observability.routelog.writer import RoutingLog
 from broker.serving.context import BrokerContext
-from broker.serving.scheduling import Background, watch_stalls
+from broker.serving.scheduling import Background
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
         thread_setup=background.setup,
     )
     routelog.background = background
+    ctx.stall_watch.add(background)
     routelog.recovery = recovery
     routelog.waits_source = lambda: gate.waits
     routelog.attach(ctx.router)
@@ -81,15 +82,10 @@ async def serve_routelog(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGN
     ctx.on_stopped.append(flush)
     log.info("routing log in %s", cfg.dir)
     task_status.started([])
-    async with trio.open_nursery() as nursery:
-        if background.may_idle:
-            # Whether routing ran late: the writer then keeps its nice value
-            # (an idle writer starved while holding the GIL stalls routing).
-            nursery.start_soon(watch_stalls, [background])
-        interval = HANDOFF_INTERVAL[cfg.format]
-        while True:
-            await trio.sleep(interval)
-            if routelog.failure is not None:
-                # Fail-stop: a broker that cannot log would hold its input back forever.
-                raise RuntimeError("the routing log writer failed") from routelog.failure
-            routelog.handoff()
+    interval = HANDOFF_INTERVAL[cfg.format]
+    while True:
+        await trio.sleep(interval)
+        if routelog.failure is not None:
+            # Fail-stop: a broker that cannot log would hold its input back forever.
+            raise RuntimeError("the routing log writer failed") from routelog.failure
+        routelog.handoff()
