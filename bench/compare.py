@@ -208,6 +208,30 @@ def _stamp_template(make: FrameMaker, seq: int) -> tuple[bytes, bytes]:
     return frame[:at], frame[at + STAMP_DIGITS:]
 
 
+# Where the isolated probe's paced writes run.  A thread of the probe shares
+# the interpreter with the receiver: when a stall leaves the receiver a
+# backlog to parse, the two took turns on the GIL and on one CPU, and that
+# wait was measured as the server's latency, more for a server whose
+# frames cost the receiver more to parse (Skan's against NATS's MSG lines).
+# A child process has an interpreter of its own (docs/performance.md,
+# "The probe's own stalls").
+ISOLATED_SENDER = "process"
+
+
+def _in_child(fn: Callable[[], None]) -> int:
+    """Run ``fn`` in a forked child (it inherits the sockets); its pid.  The child
+    runs only ``fn`` (writes and sleeps) and exits without cleanup."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
 async def probe(target: Target, rate: int, seconds: float,
                 on_sample: Callable[[int, int], None], shape: str = "latency") -> float | None:
     """The latency probe: ``rate`` msgs/s, each message carrying its send time, to
@@ -249,7 +273,8 @@ async def probe(target: Target, rate: int, seconds: float,
             await trio.sleep_until(start + tick / 1000)
 
     def isolated() -> None:
-        """A thread: trio's timers tick in milliseconds, this paces in microseconds."""
+        """The paced writes, in a child process (:func:`_in_child`): trio's timers
+        tick in milliseconds, this paces in microseconds."""
         fds = [stream.socket.fileno() for stream, _ in pubs]
         interval = 1.0 / rate
         start = time.perf_counter()
@@ -281,7 +306,13 @@ async def probe(target: Target, rate: int, seconds: float,
             c0 = target.cpu_seconds()
             start = trio.current_time()
             if shape == "isolated":
-                await trio.to_thread.run_sync(isolated)
+                if ISOLATED_SENDER == "process":
+                    pid = _in_child(isolated)
+                    _, status = await trio.to_thread.run_sync(os.waitpid, pid, 0)
+                    if status:
+                        raise RuntimeError(f"the probe's sender failed (wait status {status})")
+                else:
+                    await trio.to_thread.run_sync(isolated)
             else:
                 await bursts()
             elapsed = trio.current_time() - start
