@@ -22,6 +22,7 @@ import resource
 import socket
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -214,7 +215,7 @@ def _stamp_template(make: FrameMaker, seq: int) -> tuple[bytes, bytes]:
 # wait was measured as the server's latency, more for a server whose
 # frames cost the receiver more to parse (Skan's against NATS's MSG lines).
 # A child process has an interpreter of its own (docs/performance.md,
-# "The probe's own stalls").
+# "What the CPUs did in a stall").  "thread" keeps the old way, to compare.
 ISOLATED_SENDER = "process"
 
 
@@ -227,6 +228,8 @@ def _in_child(fn: Callable[[], None]) -> int:
         try:
             fn()
             code = 0
+        except BaseException:
+            traceback.print_exc()  # the parent only sees the exit status
         finally:
             os._exit(code)
     return pid
