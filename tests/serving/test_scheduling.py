@@ -294,11 +294,15 @@ def test_one_stall_watch_holds_every_writer_and_says_so_once(caplog) -> None:
             f"(not SCHED_IDLE) for {scheduling.HOLD_NICE:.0f} s: store writer, routing-log writer"]
 
         async def two_intervals() -> None:
-            with trio.move_on_after(2.5 * scheduling.WATCH_INTERVAL):
+            # Until the check has run twice (a slow machine makes intervals late).
+            with trio.fail_after(20 * scheduling.WATCH_INTERVAL), trio.CancelScope() as scope:
+                watch.checks.append(lambda: len(checked) >= 2 and scope.cancel())
                 await watch.run()
 
+        started = time.monotonic()
         trio.run(two_intervals)
         assert checked == [1, 1]
+        assert time.monotonic() - started >= 2 * scheduling.WATCH_INTERVAL
     finally:
         for w in writers:
             w.stop()
