@@ -27,9 +27,13 @@ test: $(STAMP)
 # The long fuzz run (minutes): SKAN_FUZZ_EXAMPLES inputs (default 2000) per
 # decoder and per listener of a real broker; prints the inputs tried and the
 # findings.  `make test` runs the same suite briefly (30 inputs per target).
+# Then every other property and differential test at its full example count
+# (`make test` runs a quarter of it: tests/examples.py).
 fuzz: $(STAMP)
 	SKAN_FUZZ=long $(PY) -m pytest tests/fuzz -p no:cacheprovider -rxX \
 		--hypothesis-show-statistics $(PYTEST_ARGS)
+	SKAN_FUZZ=long $(PY) -m pytest tests -m property --ignore=tests/fuzz \
+		-p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)

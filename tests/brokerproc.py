@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from broker.app.listening import all_listening
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -64,14 +66,13 @@ class BrokerProcess:
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         out = b""
-        # The broker writes all its 'listening' lines at once once every
-        # listener is up; read until they are in and nothing more follows.
+        # The broker prints all its 'listening' lines in one write once every
+        # listener is up (broker/app/listening.py).
         while time.monotonic() < deadline:
-            wait = 0.3 if b"listening skan" in out and out.endswith(b"\n") else 0.5
-            ready, _, _ = select.select([fd], [], [], wait)
+            if all_listening(out):
+                break
+            ready, _, _ = select.select([fd], [], [], 0.5)
             if not ready:
-                if b"listening skan" in out and out.endswith(b"\n"):
-                    break
                 if self.proc.poll() is not None:
                     raise RuntimeError(
                         "broker exited before listening:\n" + "".join(self.stderr_lines[-40:])

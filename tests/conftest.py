@@ -72,6 +72,9 @@ def pytest_collection_modifyitems(items):
 
     for item in items:
         fn = getattr(item, "obj", None)
+        if getattr(fn, "is_hypothesis_test", False):
+            # `make fuzz` runs these at their full counts (tests/examples.py).
+            item.add_marker(pytest.mark.property)
         if fn is None or not inspect.iscoroutinefunction(fn):
             continue
 

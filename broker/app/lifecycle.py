@@ -9,12 +9,12 @@ import os
 import signal
 import socket
 import ssl
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from broker.app.listening import print_listening
 from broker.app.reload import reload_config
 from broker.app.services import services
 from broker.core.router import Router
@@ -78,12 +78,6 @@ async def _probe_ports(config: Config, names: tuple[str, ...]) -> None:
             await probe_listen(host, section.port, reuse_port=reuse)
         except OSError as exc:
             raise StartupError.of(name, config, exc) from exc
-
-
-def _print_ready(lines: list[str]) -> None:
-    for line in lines:
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 # Seconds the drain may still take once a second stop signal arrived: the
@@ -175,7 +169,7 @@ class StopSignals:
 async def run(
     config: Config,
     *,
-    ready: Callable[[list[str]], None] = _print_ready,
+    ready: Callable[[list[str]], None] = print_listening,
     stop: trio.Event | None = None,
     ctx_out: list[BrokerContext] | None = None,
     reload: Callable[[], Config] | None = None,
@@ -221,7 +215,10 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
                     raise StartupError.of(name, config, exc) from exc
                 log.info("service %s started", name)
                 lines += [f"listening {proto} {host}:{port}" for proto, host, port in addrs]
-            ready(lines)
+            # Stop signals are handled before anyone hears the broker is
+            # ready: a supervisor's SIGTERM right after the listening lines
+            # is a graceful stop, not the default handler's abrupt exit.
+            signals.install()
             # Routing's lateness, for the writers that go idle (scheduling.py).
             svc_nursery.start_soon(ctx.stall_watch.run)
             # Everything allocated during start-up lives as long as the process:
@@ -230,7 +227,9 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
             gc.freeze()
             if config.broker.routing_slice:
                 set_thread_slice(config.broker.routing_slice)
-            signals.install()
+            # Ready once start-up is done: whoever reads the lines next (a
+            # supervisor, a test) finds the broker as configured.
+            ready(lines)
             await stop.wait()
             # 1. no new connections, bridges stop
             svc_nursery.cancel_scope.cancel()

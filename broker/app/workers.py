@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from broker.app.listening import all_listening, print_listening
 from broker.serving.config import Config
 from broker.store.store import default_dir
 
@@ -100,9 +101,7 @@ def run_workers(config: Config, argv: list[str], workers: int) -> int:
         codes = [p.wait() for p in procs]
         print("skan-broker: a worker failed to start", file=sys.stderr)
         return max(codes) or 1
-    for line in lines:
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    print_listening(lines)
     while not stopping:
         if any(p.poll() is not None for p in procs):
             print("skan-broker: a worker exited; stopping the others", file=sys.stderr)
@@ -134,7 +133,7 @@ def _collect_listening(procs: list[subprocess.Popen]) -> list[str] | None:
         for i, p in enumerate(procs):
             if p.poll() is not None and i not in done:
                 return None
-            if i not in done and b"listening skan" in buffers[i] and buffers[i].endswith(b"\n"):
+            if i not in done and all_listening(buffers[i]):
                 done.add(i)
     if len(done) < len(procs):
         return None

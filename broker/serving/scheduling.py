@@ -249,19 +249,17 @@ class StallWatch:
         """Trio task: every :data:`WATCH_INTERVAL`, whether routing ran late, and the
         checks; returns at once when no writer may go idle.
 
-        The first interval is not judged: it may overlap the end of the
-        broker's start (its collection and freeze), which is not routing
-        stalled."""
+        The lifecycle starts it before the end of the broker's start (its
+        collection and freeze), which are synchronous: its first interval
+        begins once they are done, so start-up is never taken for a stall."""
         if not self.backgrounds:
             return
-        first = True
         while True:
             start = trio.current_time()
             await trio.sleep(WATCH_INTERVAL)
             late = trio.current_time() - start - WATCH_INTERVAL
-            if late > STALL and not first:
+            if late > STALL:
                 self.stalled(late)
-            first = False
             for check in self.checks:
                 check()
 

@@ -166,6 +166,26 @@ async def test_listening_lines_and_graceful_stop(sig):
         b.stop()
 
 
+def test_the_listening_lines_come_in_one_write_even_unbuffered(tmp_path):
+    # A supervisor knows the list is whole when a read ends a line
+    # (broker/app/listening.py); python -u once wrote it line by line.
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "broker", "--skan-port", "0", "--hsp-port", "0",
+         "--eventer-port", "0", "--mariner-port", "0", "--metrics-port", "0",
+         "--log-dir", str(tmp_path / "log"), "--store-dir", str(tmp_path / "store")],
+        env={**ENV, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        first = os.read(proc.stdout.fileno(), 65536).decode()
+        protocols = [line.split()[1] for line in first.splitlines()]
+        assert sorted(protocols) == ["eventer", "hsp", "mariner", "metrics", "skan"], first
+        assert first.endswith("\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
 async def test_skan_command_pub_sub_stats(broker):
     host, port = broker.skan
     base = [sys.executable, "-m", "clients.cli", "--host", host, "--port", str(port)]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from broker.cluster.backplane import Backplane
 from broker.core.router import NORMAL, PROMISC, SUBTYPES, Endpoint, Routed, Router
 from tests.cluster.fakenats import FakeNats
+from tests.examples import examples
 from wire.skan import decode_header, encode_frame
 
 CLIENTS = 6
@@ -115,7 +116,7 @@ def run(ops_list, brokers: int, *, single: bool = False, batched: bool = False,
     return log
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ops)
 def test_cluster_delivers_what_one_router_delivers(ops_list):
     for brokers in (2, 3):
@@ -124,7 +125,7 @@ def test_cluster_delivers_what_one_router_delivers(ops_list):
         assert run(ops_list, brokers, announce=False) == reference
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ops)
 def test_batched_sends_deliver_what_one_router_delivers(ops_list):
     for brokers in (2, 3):

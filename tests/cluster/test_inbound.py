@@ -13,6 +13,7 @@ from broker.cluster.backplane import Backplane, RemoteSender
 from broker.core.router import SUBTYPES, Endpoint, Routed, Router
 from broker.core.skan_handler import decode_send, decode_send_py
 from broker.observability.routelog.record import RecordBuffer
+from tests.examples import examples
 from wire.skan import encode_frame
 
 GROUPS = ["g", "h"]
@@ -79,7 +80,7 @@ keys = st.tuples(st.sampled_from(GROUPS), st.sampled_from(INSTANCES),
                  st.sampled_from(["p@a/1", "q@a/1"]), st.booleans())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(subscriptions, st.lists(keys, min_size=1, max_size=6), st.integers(1, 30),
        st.booleans())
 def test_one_pass_routes_as_frame_by_frame(subs, plan, length, uniform):
@@ -112,7 +113,7 @@ def test_one_pass_routes_as_frame_by_frame(subs, plan, length, uniform):
         assert inbound.run_key(frames) is not None
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(keys, min_size=1, max_size=4), st.integers(1, 8))
 def test_run_key_agrees_with_the_python_decoder(plan, length):
     frames = [send(*plan[i % len(plan)][:4], i, plan[i % len(plan)][4]) for i in range(length)]

@@ -10,6 +10,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from wire import nats
 
 token = st.binary(min_size=1, max_size=12).map(
@@ -43,7 +44,7 @@ def events(stream: bytes, cuts: list[int]) -> list[nats.Event]:
     return got
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(messages, st.lists(st.integers(0, 10**6), max_size=6))
 def test_fast_path_agrees_with_measured_path(msgs, cuts):
     fast = events(encode(msgs), cuts)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from broker.cluster import subject_runs as runs
 from broker.core.router import Endpoint, Routed
+from tests.examples import examples
 from wire.skan.codec import PURE_PYTHON
 
 needs_c = pytest.mark.skipif(runs._batch_key_c is None,
@@ -80,7 +81,7 @@ def outcome(fn, *args):
 
 
 @needs_c
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(st.lists(message, min_size=1, max_size=8), st.one_of(st.just(0), numbers))
 def test_compiled_batch_key_equals_the_reference(messages, first):
     batch = build(messages, first)
@@ -96,7 +97,7 @@ def test_compiled_batch_key_equals_the_reference(messages, first):
 
 
 @needs_c
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(st.lists(message, min_size=1, max_size=8))
 def test_compiled_run_parts_equals_the_reference(messages):
     batch = build(messages, 0)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from broker.core.auth import Authenticator, Permissions, User
 from broker.core.refusals import NotPermitted
 from broker.core.router import MEONLY, NORMAL, PROMISC, Router
+from tests.examples import examples
 from tests.security.common import Sink
 from wire.skan import decode_header, encode_frame
 
@@ -48,7 +49,7 @@ def make_auth(perms: list[tuple[list[str], list[str], bool]]) -> Authenticator:
     return Authenticator(users, allow_anonymous=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(user_perms, min_size=N_USERS, max_size=N_USERS), st.lists(op, max_size=60))
 def test_no_delivery_outside_subscribe_permissions(initial, ops):
     router = Router(hostname="prop")

@@ -21,6 +21,7 @@ from broker.core.retention import RetentionStore
 from broker.core.router import Router
 from broker.store import Store
 from broker.store.retained_query import LatestTable, run_query, run_store_query
+from tests.examples import examples
 from tests.store.test_store import Clock, Sender
 from wire import eventer as w
 
@@ -95,7 +96,7 @@ def _params(q, ids):
     return w.QueryServerParams(SERVER, False, max_results, eid)
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=examples(150), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(steps=steps, size=st.one_of(st.integers(1, 30), st.just(1000)),
        max_bytes=st.sampled_from([0, 600, 2000, 10_000]))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from broker.core import events
 from broker.core.router import Router
 from broker.store import batch_rows as runs
+from tests.examples import examples
 from tests.store.test_store import Clock, Sender
 
 needs_c = pytest.mark.skipif(runs._batch_row_c is None,
@@ -55,7 +56,7 @@ def route_batch(messages, remote_at: int | None = None) -> list:
 
 
 @needs_c
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(messages=st.lists(message, min_size=1, max_size=12),
        remote_at=st.one_of(st.none(), st.integers(0, 11)),
        max_run=st.sampled_from([3, 8, 4096]), max_bytes=st.sampled_from([300, 2000, 1 << 20]),
@@ -110,7 +111,7 @@ def queued(segments) -> list:
 
 
 @needs_c
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(segments=st.lists(segment, min_size=1, max_size=30), **RUN_BOUNDS)
 def test_compiled_merge_rows_equals_the_reference(segments, max_run, max_bytes, max_span):
     """Queued rows merged into runs, in C and in the reference, from every start."""
@@ -238,7 +239,7 @@ def reference_runs(ops: list, max_run: int, max_bytes: int, max_span: float) -> 
 
 
 @needs_c
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(segments=st.lists(segment, min_size=1, max_size=30), **RUN_BOUNDS)
 def test_open_runs_equal_the_reference(segments, max_run, max_bytes, max_span):
     """Batches queued as the store queues them (into open runs, RunBuilder.add) give
@@ -306,7 +307,7 @@ def test_a_runs_first_frame_is_lent_and_never_written_into():
     assert frames == copies
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(segments=st.lists(segment, min_size=1, max_size=30), open_runs=st.booleans())
 def test_the_writer_stores_every_queued_message_in_runs_that_keep_the_rule(segments, open_runs):
     """The writer's whole path, queue to rows (_expand, then collect), with routing

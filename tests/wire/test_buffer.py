@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from wire import hsp
 from wire.buffer import ReceiveBuffer
 from wire.chatter.framing import FrameSplitter as ChatterSplitter
@@ -126,7 +127,7 @@ def test_skip_discards_across_reads():
     assert rx.offset == 7
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.binary(max_size=300), max_size=12),
     st.lists(st.integers(1, 400), min_size=1, max_size=8),

@@ -13,6 +13,7 @@ import pathlib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from wire import boundedjson, hsp
 from wire.chatter import ChatterConnection, Envelope, sbs
 from wire.errors import RemoteProtocolError
@@ -24,7 +25,7 @@ HERE = pathlib.Path(__file__).parent
 HAT = json.loads((HERE / "hat_vectors.json").read_text())["vectors"]
 MARINER_BODIES = [v["body_utf8"].encode() for k, v in HAT.items() if k.startswith("mariner_")]
 
-FUZZ = settings(max_examples=300, deadline=None,
+FUZZ = settings(max_examples=examples(300), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 json_values = st.recursive(

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from wire.hsp import (
     DATA,
     DATA_ACK,
@@ -236,7 +237,7 @@ events = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(events, max_size=20), st.lists(st.integers(1, 50), min_size=1))
 def test_roundtrip_under_any_chunking(evs, cuts):
     stream = b"".join(encode(e) for e in evs)
@@ -252,7 +253,7 @@ def test_roundtrip_under_any_chunking(evs, cuts):
     assert dec.buffered == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_crash_the_decoder(data):
     dec = Decoder(max_payload=64)
@@ -264,7 +265,7 @@ def test_arbitrary_bytes_never_crash_the_decoder(data):
         assert "unknown HSP command byte" in str(exc)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["send", "answer"]),
                           st.integers(0, 3)), max_size=40))
 def test_two_peers_agree_on_outstanding_ids(ops):

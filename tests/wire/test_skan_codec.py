@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from tests.wire import skan_vectors as V
 from wire.errors import FramingError, LocalProtocolError
 from wire.skan import (
@@ -179,7 +180,7 @@ messages = st.dictionaries(tags, values, max_size=8)
 
 
 @given(messages)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_roundtrip(message):
     data = encode(message)
     assert decode(data) == message
@@ -188,7 +189,7 @@ def test_roundtrip(message):
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 def test_decoder_fails_only_with_codec_error(data):
     for candidate in (data, b"Skan" + data):
         for fn in (decode, decode_header):
@@ -197,7 +198,7 @@ def test_decoder_fails_only_with_codec_error(data):
 
 
 @given(messages, st.data())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_mutations_fail_only_with_codec_error(message, data):
     raw = bytearray(encode(message))
     if len(raw) > 4:
@@ -209,7 +210,7 @@ def test_mutations_fail_only_with_codec_error(message, data):
 
 
 @given(st.lists(messages, min_size=1, max_size=5), st.lists(st.integers(1, 50), max_size=20))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_splitter_any_chunking(msgs, cuts):
     stream = b"".join(encode_frame(m) for m in msgs)
     splitter = FrameSplitter(max_frame=1 << 20)

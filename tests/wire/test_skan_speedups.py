@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from tests.wire import skan_vectors as V
 from wire.skan import FrameSplitter, FramingError, codec, encode, encode_frame, framing
 from wire.skan.codec import Nested, SkanError, decode_header_py
@@ -164,7 +165,7 @@ messages = st.dictionaries(tags, values, max_size=10)
 
 @needs_c
 @given(messages)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_generated_messages_identical(message):
     data = encode(message)
     assert_same(data)
@@ -173,7 +174,7 @@ def test_generated_messages_identical(message):
 
 @needs_c
 @given(st.binary(max_size=300))
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 def test_random_bytes_identical(data):
     assert_same(data)
     assert_same(b"Skan" + data)
@@ -203,7 +204,7 @@ def _mutations(data: bytes, draw) -> bytes:
 @needs_c
 @given(messages | st.sampled_from([V.wire_form(v[1]) for v in V.VECTORS
                                    if isinstance(v[1], dict)]), st.data())
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 def test_mutated_messages_identical(message, data):
     mutated = _mutations(encode(message), data.draw)
     assert_same(mutated)
@@ -246,7 +247,7 @@ def test_item_limit_at_full_size():
 
 @needs_c
 @given(messages, st.integers(1, 40), st.data())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_item_limit_identical_on_generated_and_mutated(message, limit, data):
     with item_limit(limit):
         encoded = encode(message)
@@ -313,7 +314,7 @@ def test_a_send_with_payload_json_has_no_key_in_both():
 @given(st.dictionaries(st.sampled_from([*sorted(SEND), "payload-json"]) | tags, values,
                        max_size=10)
        | st.builds(lambda extra: {**SEND, **extra}, messages), st.data())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_decode_send_identical_on_generated_and_mutated(message, data):
     framed = encode_frame(message)
     assert_same_send(framed, LNAME)
@@ -325,7 +326,7 @@ def test_decode_send_identical_on_generated_and_mutated(message, data):
 
 @needs_c
 @given(st.binary(max_size=200), st.integers(0, 300), st.data())
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 def test_split_identical_on_random_bytes(data, max_frame, draw):
     pos = draw.draw(st.integers(0, len(data)))
     assert split_c(data, pos, max_frame) == framing.split(data, pos, max_frame)
@@ -333,7 +334,7 @@ def test_split_identical_on_random_bytes(data, max_frame, draw):
 
 @needs_c
 @given(st.lists(st.dictionaries(tags, leaves, max_size=4), min_size=1, max_size=5), st.data())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_split_identical_on_frames(batch, data):
     stream = b"".join(encode_frame(m) for m in batch)
     cut = data.draw(st.integers(0, len(stream)))

@@ -16,17 +16,16 @@ arrays hold more than :data:`wire.limits.MAX_ITEMS` elements in total
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from collections.abc import Callable
-from typing import Any
-
-from hat import sbs
-from hat.sbs import common as sbs_common
-from hat.sbs import evaluator as sbs_evaluator
-from hat.sbs import parser as sbs_parser
+from typing import TYPE_CHECKING, Any
 
 from wire.errors import LocalProtocolError, MalformedError
 from wire.limits import MAX_ITEMS, ItemBudget
+
+if TYPE_CHECKING:
+    from hat.sbs import common as sbs_common
 
 SCHEMA_FILES = ("hat.sbs", "hat_ping.sbs", "hat_chatter.sbs", "hat_eventer.sbs")
 
@@ -46,36 +45,64 @@ MAX_EMPTY_ELEMENTS = 65_536
 SbsError = MalformedError
 
 
-def _schema_texts() -> list[str]:
+def schema_texts() -> list[str]:
+    """The ``.sbs`` texts beside this module, in SCHEMA_FILES order."""
     root = importlib.resources.files(__package__) / "schemas"
     return [(root / name).read_text("utf-8") for name in SCHEMA_FILES]
 
 
-_TEXTS = _schema_texts()
-REPO = sbs.Repository(*_TEXTS)
-_REFS: dict[sbs_common.Ref, Any] = sbs_evaluator.evaluate_modules(
-    [sbs_parser.parse(text) for text in _TEXTS]
-)
+class _Schemas:
+    """The schemas compiled by hat-sbs: its type references and its serializer.
+
+    Built on first use (:func:`_schemas`), not at import: importing hat-sbs
+    (its PEG parser, hat.json with jsonschema) and parsing the four schemas
+    take about 0.45 s, which every broker start paid although most brokers
+    never see a Chatter peer.
+    """
+
+    def __init__(self) -> None:
+        from hat import sbs
+        from hat.sbs import common, evaluator, parser
+
+        self.common = common
+        self.refs: dict[sbs_common.Ref, Any] = evaluator.evaluate_modules(
+            [parser.parse(text) for text in schema_texts()]
+        )
+        self.serializer = sbs.DefaultSerializer
+        self.simple: dict[type, Validator] = {
+            common.NoneType: _skip_none,
+            common.BooleanType: _skip_boolean,
+            common.IntegerType: _skip_integer,
+            common.FloatType: _skip_float,
+            common.StringType: _skip_string,
+            common.BytesType: _skip_bytes,
+        }
+
+    def ref(self, name: str) -> sbs_common.Ref:
+        module, _, tname = name.partition(".")
+        ref = self.common.Ref(module, tname)
+        if ref not in self.refs:
+            raise SbsError(f"unknown SBS type {name!r}")
+        return ref
 
 
-def _ref(name: str) -> sbs_common.Ref:
-    module, _, tname = name.partition(".")
-    ref = sbs_common.Ref(module, tname)
-    if ref not in _REFS:
-        raise SbsError(f"unknown SBS type {name!r}")
-    return ref
+@functools.cache
+def _schemas() -> _Schemas:
+    return _Schemas()
 
 
 def known(name: str) -> bool:
     """Whether ``Module.Type`` is defined in the schemas."""
+    schemas = _schemas()
     module, _, tname = name.partition(".")
-    return sbs_common.Ref(module, tname) in _REFS
+    return schemas.common.Ref(module, tname) in schemas.refs
 
 
 def encode(name: str, value: Any) -> bytes:
     """Encode ``value`` as the SBS type ``Module.Type``."""
     try:
-        return REPO.encode(name, value)
+        schemas = _schemas()
+        return schemas.serializer.encode(schemas.refs, schemas.ref(name), value)
     except Exception as exc:  # hat-sbs raises assorted types for bad values
         raise LocalProtocolError(f"cannot encode {name}: {type(exc).__name__}: {exc}") from None
 
@@ -87,7 +114,8 @@ def decode(name: str, data: bytes, budget: ItemBudget | None = None) -> Any:
     """
     validate(name, data, budget)
     try:
-        return REPO.decode(name, data)
+        schemas = _schemas()
+        return schemas.serializer.decode(schemas.refs, schemas.ref(name), data)
     except Exception as exc:  # pragma: no cover - validate() accepted it
         raise SbsError(f"cannot decode {name}: {type(exc).__name__}: {exc}") from None
 
@@ -96,7 +124,8 @@ def validate(name: str, data: bytes, budget: ItemBudget | None = None) -> None:
     """Check that ``data`` is exactly one well-formed encoding of ``Module.Type``."""
     check = _VALIDATORS.get(name)
     if check is None:
-        check = _VALIDATORS[name] = _compile(_REFS[_ref(name)], 0)
+        schemas = _schemas()
+        check = _VALIDATORS[name] = _compile(schemas, schemas.refs[schemas.ref(name)], 0)
     if budget is None:
         budget = ItemBudget(MAX_ITEMS)
     try:
@@ -174,27 +203,19 @@ def _skip_string(data: bytes, pos: int, budget: ItemBudget) -> int:
     return end
 
 
-_SIMPLE: dict[type, Validator] = {
-    sbs_common.NoneType: _skip_none,
-    sbs_common.BooleanType: _skip_boolean,
-    sbs_common.IntegerType: _skip_integer,
-    sbs_common.FloatType: _skip_float,
-    sbs_common.StringType: _skip_string,
-    sbs_common.BytesType: _skip_bytes,
-}
 
-
-def _compile(t: Any, depth: int) -> Validator:
+def _compile(schemas: _Schemas, t: Any, depth: int) -> Validator:
     if depth > MAX_DEPTH:
         raise SbsError("schema nested too deeply")
-    while isinstance(t, sbs_common.Ref):
-        t = _REFS[t]
-    simple = _SIMPLE.get(type(t))
+    common = schemas.common
+    while isinstance(t, common.Ref):
+        t = schemas.refs[t]
+    simple = schemas.simple.get(type(t))
     if simple is not None:
         return simple
-    if isinstance(t, sbs_common.ArrayType):
-        element = _compile(t.t, depth + 1)
-        spare = MAX_EMPTY_ELEMENTS if _may_be_empty(t.t) else 0
+    if isinstance(t, common.ArrayType):
+        element = _compile(schemas, t.t, depth + 1)
+        spare = MAX_EMPTY_ELEMENTS if _may_be_empty(schemas, t.t) else 0
 
         def skip_array(data: bytes, pos: int, budget: ItemBudget) -> int:
             n, p = _int(data, pos)
@@ -206,8 +227,8 @@ def _compile(t: Any, depth: int) -> Validator:
             return p
 
         return skip_array
-    if isinstance(t, sbs_common.RecordType):
-        fields = [_compile(et, depth + 1) for _, et in t.entries]
+    if isinstance(t, common.RecordType):
+        fields = [_compile(schemas, et, depth + 1) for _, et in t.entries]
 
         def skip_record(data: bytes, pos: int, budget: ItemBudget) -> int:
             for field in fields:
@@ -215,8 +236,8 @@ def _compile(t: Any, depth: int) -> Validator:
             return pos
 
         return skip_record
-    if isinstance(t, sbs_common.ChoiceType):
-        options = [_compile(et, depth + 1) for _, et in t.entries]
+    if isinstance(t, common.ChoiceType):
+        options = [_compile(schemas, et, depth + 1) for _, et in t.entries]
 
         def skip_choice(data: bytes, pos: int, budget: ItemBudget) -> int:
             idx, p = _int(data, pos)
@@ -228,13 +249,14 @@ def _compile(t: Any, depth: int) -> Validator:
     raise SbsError(f"unsupported SBS type {t!r}")  # pragma: no cover
 
 
-def _may_be_empty(t: Any) -> bool:
-    while isinstance(t, sbs_common.Ref):
-        t = _REFS[t]
-    if isinstance(t, sbs_common.NoneType):
+def _may_be_empty(schemas: _Schemas, t: Any) -> bool:
+    common = schemas.common
+    while isinstance(t, common.Ref):
+        t = schemas.refs[t]
+    if isinstance(t, common.NoneType):
         return True
-    if isinstance(t, sbs_common.RecordType):
-        return all(_may_be_empty(et) for _, et in t.entries)
+    if isinstance(t, common.RecordType):
+        return all(_may_be_empty(schemas, et) for _, et in t.entries)
     return False
 
 

@@ -16,6 +16,7 @@ from broker.observability.http import (
     Request,
     ServerConnection,
 )
+from tests.examples import examples
 
 
 def feed(data: bytes, conn: ServerConnection | None = None) -> Request | HTTPError | None:
@@ -186,13 +187,13 @@ def _drive(chunks: list[bytes]) -> None:
                 return
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.binary(max_size=200), max_size=6))
 def test_any_bytes_give_requests_or_errors_never_an_exception(chunks):
     _drive(chunks)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.binary(min_size=1, max_size=4)),
                 min_size=1, max_size=4), st.integers(1, 5))
 def test_mutated_requests_never_raise(edits, copies):

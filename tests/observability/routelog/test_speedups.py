@@ -13,6 +13,7 @@ from broker.core.router import NORMAL, Router
 from broker.observability.routelog import columns, parquet, record
 from broker.observability.routelog.columns import ColumnBuffer
 from broker.observability.routelog.record import RecordBuffer
+from tests.examples import examples
 from tests.observability.routelog.test_record import sink
 from wire.skan import decode_header, encode_frame
 
@@ -40,7 +41,7 @@ class Clock:
 
 
 @lines_built
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(message, min_size=1, max_size=15), st.integers(1, 3))
 def test_compiled_lines_equal_the_reference(messages, subscribe_every):
     clock = Clock()
@@ -106,7 +107,7 @@ def _batch(messages, subscribe_every):
 
 
 @pytest.mark.skipif(columns._columns_c is None, reason="broker._observer_speedups not built")
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(message, min_size=1, max_size=15), st.integers(1, 3))
 def test_compiled_columns_equal_the_reference_and_the_json_lines(messages, subscribe_every):
     """routelog_columns appends exactly what ColumnBuffer.observe_py does, and the table

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from broker.core.events import event_from_routed
 from broker.core.router import Routed
 from broker.protocols.eventer.mapping import encode_routed, fast_encode_routed
+from tests.examples import examples
 from wire.chatter import sbs
 from wire.eventer import messages as m
 from wire.skan import decode_header, encode_frame
@@ -25,7 +26,7 @@ tags = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(group=names, instance=names | st.just(b"*"), msg=msgs, extra=tags,
        session=st.integers(0, 2**62), instance_no=st.integers(1, 2**20),
        timestamp=st.floats(0, 4e9), server=st.integers(0, 2**31))
