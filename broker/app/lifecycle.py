@@ -230,6 +230,8 @@ async def _run(config: Config, ctx: BrokerContext, enabled: list,
             # Ready once start-up is done: whoever reads the lines next (a
             # supervisor, a test) finds the broker as configured.
             ready(lines)
+            for task in ctx.after_start:
+                svc_nursery.start_soon(task)
             await stop.wait()
             # 1. no new connections, bridges stop
             svc_nursery.cancel_scope.cancel()

@@ -42,6 +42,9 @@ class BrokerContext:
     conn_nursery: trio.Nursery | None = None
     # Sync hooks run when a graceful stop begins (e.g. Eventer 'stopping').
     on_stopping: list[Callable[[], None]] = attrs.Factory(list)
+    # Tasks started once the broker printed its listening lines: start-up
+    # work that must not delay it (e.g. compiling the Chatter schemas).
+    after_start: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     # Async hooks run after connections have drained (e.g. flush the routing log).
     on_stopped: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     # Bridge status objects, one per [[bridges]] entry (metrics export them).

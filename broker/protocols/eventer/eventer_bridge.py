@@ -40,6 +40,7 @@ from broker.core import events
 from broker.core.reasons import Protocol
 from broker.core.refusals import Refused
 from broker.core.router import Routed
+from broker.protocols.eventer.mapping import warm_up
 from broker.serving.bridge_runner import (
     Bridge,
     BridgeStatus,
@@ -194,4 +195,5 @@ class EventerBridge(Bridge):
 async def run_eventer_bridge(ctx: BrokerContext, cfg: BridgeSection,
                              status: BridgeStatus) -> None:
     """Runner for ``[[bridges]] protocol = "eventer"`` (see broker.app.configured_bridges)."""
+    warm_up(ctx)
     await EventerBridge(ctx, cfg, status).run()

@@ -30,7 +30,7 @@ from broker.core.refusals import FrameTooLarge, NotPermitted, Refused
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import Routed, Router
 from broker.core.skan_handler import InputSlices
-from broker.protocols.eventer.mapping import fast_encode_routed
+from broker.protocols.eventer.mapping import fast_encode_routed, warm_up
 from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
 from broker.store import Store
@@ -462,6 +462,7 @@ async def _conversation_timer(ep: EventerEndpoint) -> None:
 
 async def serve_eventer(ctx: BrokerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     service = EventerService(ctx)
+    warm_up(ctx)
     ctx.eventer_query = service.query
     ctx.on_stopping.append(service.stopping)
 
