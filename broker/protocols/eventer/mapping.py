@@ -24,8 +24,9 @@ from wire.hattime import split_timestamp
 async def compile_schemas_aside() -> None:
     """Compile the Chatter schemas in a worker thread (an ``after_start`` task of
     the Eventer listener and bridges): built on first use otherwise, in the
-    routing thread, which would stall every connection for 0.2-0.3 s."""
-    await trio.to_thread.run_sync(compile_schemas)
+    routing thread, which would stall every connection for 0.2-0.3 s.  A stop
+    does not wait for it (the thread is left to finish; nothing depends on it)."""
+    await trio.to_thread.run_sync(compile_schemas, abandon_on_cancel=True)
 
 
 def warm_up(ctx: BrokerContext) -> None:

@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
 
     work = sys.argv[1]
     ports = {s: {"port": 0} for s in ("skan", "hsp", "eventer", "mariner", "metrics")}
-    config = from_mapping({**ports, "log": {"dir": work + "/log"}, "store": {"dir": work + "/store"}})
+    dirs = {"log": {"dir": work + "/log"}, "store": {"dir": work + "/store"}}
+    config = from_mapping({**ports, **dirs})
     at_ready = []
 
     def ready(lines):
