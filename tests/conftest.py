@@ -1,23 +1,48 @@
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tests.brokerproc import ROOT, BrokerProcess
+from tests.examples import LONG
+
+# Hypothesis keeps its files (example database, constants cache) under
+# .hypothesis in the working directory, the checkout: a temporary directory
+# instead, unless HYPOTHESIS_STORAGE_DIRECTORY names one.
+if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+    _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="skan-hypothesis-")
+    atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
+    set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+# `make test` tries the same inputs every run (no database, a fixed seed), so
+# it cannot pass or fail by luck; `make fuzz` (SKAN_FUZZ=long) explores afresh.
+# Loaded before any test module, so every @settings(...) inherits it.
+settings.register_profile("make-test", derandomize=True, database=None, print_blob=True)
+if not LONG:
+    settings.load_profile("make-test")
 
 # Tests write only to temporary directories.  A broker's default directories
 # are relative (var/routing-log, var/store): a test that starts one in the
-# checkout leaves them here.  The session fails if anything under var/
-# appeared or changed while it ran (checked after the last test, so it holds
-# whichever tests ran, in any order, with or without the cache plugin).
-CHECKOUT_VAR = ROOT / "var"
+# checkout leaves them here, and Hypothesis would write .hypothesis.  The
+# session fails if anything under either appeared or changed while it ran
+# (checked after the last test, so it holds whichever tests ran, in any
+# order, with or without the cache plugin).
+CHECKOUT_DIRS = (ROOT / "var", ROOT / ".hypothesis")
 _VAR_BEFORE = pytest.StashKey[dict]()
 
 
 def _var_state() -> dict[str, int]:
-    if not CHECKOUT_VAR.exists():
-        return {}
-    return {str(p.relative_to(ROOT)): p.stat().st_mtime_ns for p in CHECKOUT_VAR.rglob("*")
-            } | {"var": 0}
+    state: dict[str, int] = {}
+    for top in CHECKOUT_DIRS:
+        if top.exists():
+            state[top.name] = 0
+            state |= {str(p.relative_to(ROOT)): p.stat().st_mtime_ns for p in top.rglob("*")}
+    return state
 
 
 def pytest_sessionstart(session):
