@@ -40,7 +40,7 @@ from broker.core import events
 from broker.core.reasons import Protocol
 from broker.core.refusals import Refused
 from broker.core.router import Routed
-from broker.protocols.eventer.mapping import warm_up
+from broker.protocols.eventer.warm_up import warm_up
 from broker.serving.bridge_runner import (
     Bridge,
     BridgeStatus,

@@ -30,7 +30,8 @@ from broker.core.refusals import FrameTooLarge, NotPermitted, Refused
 from broker.core.retention import Entry, RetentionStore, view
 from broker.core.router import Routed, Router
 from broker.core.skan_handler import InputSlices
-from broker.protocols.eventer.mapping import fast_encode_routed, warm_up
+from broker.protocols.eventer.mapping import fast_encode_routed
+from broker.protocols.eventer.warm_up import warm_up
 from broker.serving.context import BrokerContext
 from broker.serving.transport import serve_protocol
 from broker.store import Store

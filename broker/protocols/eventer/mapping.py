@@ -10,29 +10,12 @@ from __future__ import annotations
 
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 
-import trio
-
 from broker.core import events
 from broker.core.bounded import BoundedCache
 from broker.core.router import Routed
-from broker.serving.context import BrokerContext
 from wire import eventer as w
-from wire.chatter.sbs import compile_schemas, encode_integer
+from wire.chatter.sbs import encode_integer
 from wire.hattime import split_timestamp
-
-
-async def compile_schemas_aside() -> None:
-    """Compile the Chatter schemas in a worker thread (an ``after_start`` task of
-    the Eventer listener and bridges): built on first use otherwise, in the
-    routing thread, which would stall every connection for 0.2-0.3 s.  A stop
-    does not wait for it (the thread is left to finish; nothing depends on it)."""
-    await trio.to_thread.run_sync(compile_schemas, abandon_on_cancel=True)
-
-
-def warm_up(ctx: BrokerContext) -> None:
-    """Have the broker compile the Chatter schemas once it is up (once per broker)."""
-    if compile_schemas_aside not in ctx.after_start:
-        ctx.after_start.append(compile_schemas_aside)
 
 
 def encode_routed(routed: Routed, server_id: int) -> bytes:
