@@ -24,6 +24,7 @@ from broker.cluster.backplane import HELLO_INTERVAL
 from clients.skan import SkanClient
 from tests.cluster.natsproc import NatsCluster, cluster_broker, send_until_received, wait_cluster
 from tests.cluster.rawnats import RawNats, run
+from tests.examples import LONG
 from tests.hardening.bystander import bystander, load_factor, tracebacks
 from tests.serving.test_limits import metric_samples, sample
 from toolkit.eventer_client import EventerClient
@@ -34,7 +35,7 @@ from wire.skan import encode_frame
 pytestmark = pytest.mark.trio
 
 # Messages of the seeded fuzz: a few hundred by default, many more with SKAN_FUZZ=long.
-FUZZ_COUNT = 5000 if os.environ.get("SKAN_FUZZ") == "long" else 300
+FUZZ_COUNT = 5000 if LONG else 300
 FUZZ_SEED = int(os.environ.get("SKAN_FUZZ_SEED", "27"))
 # A bystander may not stall longer than this (scaled by the machine's load).
 STALL_MS = 250.0

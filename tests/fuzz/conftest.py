@@ -13,6 +13,8 @@ from collections import Counter
 
 from hypothesis import HealthCheck, Verbosity, settings
 
+from tests.examples import LONG
+
 _checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.function_scoped_fixture]
 # The short run is deterministic (same inputs every run, no example database)
@@ -26,7 +28,6 @@ settings.register_profile(
     deadline=None, suppress_health_check=_checks, print_blob=True,
     verbosity=Verbosity.normal,
 )
-LONG = os.environ.get("SKAN_FUZZ") == "long"
 PROFILE = "fuzz-long" if LONG else "fuzz-short"
 
 # target -> what happened to its inputs ("inputs", "closed by broker", ...),
