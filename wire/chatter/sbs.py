@@ -78,9 +78,13 @@ class _Schemas:
             common.BytesType: _skip_bytes,
         }
 
-    def ref(self, name: str) -> sbs_common.Ref:
+    def key(self, name: str) -> sbs_common.Ref:
+        """``Module.Type`` as hat-sbs's reference (defined or not)."""
         module, _, tname = name.partition(".")
-        ref = self.common.Ref(module, tname)
+        return self.common.Ref(module, tname)
+
+    def ref(self, name: str) -> sbs_common.Ref:
+        ref = self.key(name)
         if ref not in self.refs:
             raise SbsError(f"unknown SBS type {name!r}")
         return ref
@@ -101,8 +105,7 @@ def compile_schemas() -> None:
 def known(name: str) -> bool:
     """Whether ``Module.Type`` is defined in the schemas."""
     schemas = _schemas()
-    module, _, tname = name.partition(".")
-    return schemas.common.Ref(module, tname) in schemas.refs
+    return schemas.key(name) in schemas.refs
 
 
 def encode(name: str, value: Any) -> bytes:
